@@ -1,0 +1,100 @@
+"""Command line: `dppo train --config FILE [--field value ...]`, `dppo eval`, `dppo build-model`.
+
+Errors in the user's input print one line (`dppo: error: ...`) and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import yaml
+
+from dppo.config import ConfigError, TrainConfig
+
+
+def _overrides(pairs: list[str]) -> dict:
+    """['--group_size', '4', '--algorithm=dapo'] -> {'group_size': 4, 'algorithm': 'dapo'}."""
+    out, i = {}, 0
+    while i < len(pairs):
+        tok = pairs[i]
+        if not tok.startswith("--"):
+            raise ConfigError(f"unexpected argument {tok!r}; overrides are written --field value")
+        key, eq, val = tok[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(pairs):
+                raise ConfigError(f"override --{key} needs a value")
+            val, i = pairs[i + 1], i + 1
+        key = key.replace("-", "_")
+        try:
+            out[key] = yaml.safe_load(val) if val != "" else ""
+        except yaml.YAMLError:
+            out[key] = val
+        i += 1
+    return out
+
+
+def cmd_train(args, rest) -> int:
+    from dppo.trainer import Trainer
+
+    cfg = TrainConfig.load(args.config, _overrides(rest))
+    acc = Trainer(cfg).fit()
+    print(json.dumps({"final_eval": acc}))
+    return 0
+
+
+def cmd_eval(args, rest) -> int:
+    from dppo.evaluation import evaluate, format_accuracy
+    from dppo.model import load_policy
+    from dppo.rollout import HFRollout
+    from dppo.data import with_chat_template
+    from dppo.trainer import load_data
+
+    cfg = TrainConfig.load(args.config, _overrides(rest))
+    model, tok = load_policy(args.model or cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)
+    _, evals = load_data(cfg)
+    if cfg.chat_template:
+        evals = {k: with_chat_template(v, tok) for k, v in evals.items()}
+    acc = evaluate(HFRollout(model, tok, cfg.rollout_batch_size), evals, cfg.eval_samples, cfg.eval_temperature,
+                   cfg.max_new_tokens, seed=cfg.seed)
+    print(f"pass@1 (%): {format_accuracy(acc)}")
+    print(json.dumps(acc))
+    return 0
+
+
+def cmd_build_model(args, rest) -> int:
+    from dppo.model import embedded_model_dir
+
+    print(embedded_model_dir(rebuild=args.rebuild))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dppo", description="Dynamic Pruning Policy Optimization")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="train a policy from a YAML config (--field value overrides any field)")
+    p.add_argument("--config", help="YAML file of TrainConfig fields")
+    p.set_defaults(func=cmd_train)
+    p = sub.add_parser("eval", help="Pass@1 of a model on the config's eval splits")
+    p.add_argument("--config", help="YAML file of TrainConfig fields")
+    p.add_argument("--model", help="model to evaluate (default: the config's model_name_or_path)")
+    p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("build-model", help="build (or find) the cached embedded model and print its path")
+    p.add_argument("--rebuild", action="store_true")
+    p.set_defaults(func=cmd_build_model)
+    args, rest = parser.parse_known_args(argv)
+    try:
+        return args.func(args, rest)
+    except ConfigError as e:
+        print(f"dppo: error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # data/model errors raised with a user-facing one-line message
+        if "\n" in str(e) or not str(e):
+            raise
+        print(f"dppo: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

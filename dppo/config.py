@@ -1,0 +1,192 @@
+"""One flat, documented config per run (TRL GRPOConfig style). YAML files under experiments/ set
+its fields; the CLI and the notebooks' papermill parameters use the same names.
+
+Every field is checked by `TrainConfig.validate()`; bad input raises `ConfigError` with one line
+naming the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A one-line, user-facing configuration error."""
+
+
+# algorithm -> defaults for the fields left as None (advantage, policy loss, aggregation, clip range)
+ALGORITHMS = {
+    "grpo": dict(advantage="grpo", loss_type="ppo_clip", loss_agg="seq-mean-token-mean", clip_low=0.2, clip_high=0.2),
+    "drgrpo": dict(advantage="drgrpo", loss_type="ppo_clip", loss_agg="seq-mean-token-sum-norm", clip_low=0.2,
+                   clip_high=0.2),
+    "dapo": dict(advantage="grpo", loss_type="ppo_clip", loss_agg="token-mean", clip_low=0.2, clip_high=0.28),
+    "gspo": dict(advantage="grpo", loss_type="gspo", loss_agg="seq-mean-token-mean", clip_low=3e-4, clip_high=4e-4),
+}
+
+
+def _f(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class TrainConfig:
+    # ---- run
+    output_dir: str = _f("experiments/results/cpu/grpo", "Run folder: config.yaml, metrics.jsonl, checkpoints/, final/.")
+    seed: int = _f(0, "Seed of data order, sampling and initialisation; CPU runs are deterministic given it.")
+    resume: bool = _f(True, "Continue from the newest checkpoint in output_dir if there is one.")
+    # ---- model
+    model_name_or_path: str = _f("embedded", "'embedded' (tiny Qwen3 built locally), a local model dir, or hf:<repo id>.")
+    dtype: str = _f("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
+    attn_implementation: str = _f("sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
+    # ---- data
+    dataset: str = _f("embedded", "'embedded' (synthetic task), a .jsonl/.parquet file, or hf:<name>[:<split>[:<subset>]].")
+    eval_datasets: dict = _f(None, "Paper scale: {split name: file or hf:...}; None = the embedded task's six splits.")
+    train_size: int = _f(1200, "Embedded task: number of training problems (levels 1-5 in equal shares).")
+    eval_size: int = _f(64, "Problems per eval split (embedded: per level; files: first eval_size records).")
+    prompt_template: str = _f("{question}\nPlease reason step by step, and put your final answer within \\boxed{}.",
+                              "Paper scale: how a dataset question becomes the prompt.")
+    chat_template: bool = _f(False, "Paper scale: wrap prompts in the tokenizer's chat template (a user turn).")
+    # ---- algorithm
+    algorithm: str = _f("grpo", "Base algorithm; fills the fields below that are left null.", choices=tuple(ALGORITHMS))
+    advantage: str = _f(None, "Advantage estimator.", choices=("grpo", "drgrpo"))
+    loss_type: str = _f(None, "Per-token surrogate.", choices=("ppo_clip", "gspo"))
+    loss_agg: str = _f(None, "Loss aggregation (SPEC §2).",
+                       choices=("seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"))
+    clip_low: float = _f(None, "Lower clip range epsilon_low of the ratio.")
+    clip_high: float = _f(None, "Upper clip range epsilon_high (DAPO clip-higher when larger than clip_low).")
+    kl_coef: float = _f(0.0, "Coefficient beta of the k3 KL penalty to the initial policy (0 = no reference model).")
+    adv_eps: float = _f(1e-6, "epsilon in A = (r - mean) / (std + epsilon).")
+    # ---- sampling
+    prompts_per_step: int = _f(16, "Prompts per training step (B).")
+    group_size: int = _f(8, "Completions per prompt (G), at least 2.")
+    max_new_tokens: int = _f(64, "Longest completion; longer ones are truncated (and usually score 0).")
+    temperature: float = _f(1.0, "Sampling temperature of rollouts (log-probs are of logits / temperature).")
+    top_p: float = _f(1.0, "Nucleus sampling threshold (1 = off).")
+    top_k: int = _f(0, "Top-k sampling (0 = off).")
+    rollout_backend: str = _f("hf", "Rollout engine.", choices=("hf",))
+    rollout_batch_size: int = _f(256, "Rows (prompt x completion) per generate call.")
+    # ---- optimisation
+    epochs: float = _f(4.0, "Passes over the training prompts.")
+    max_steps: int = _f(0, "Stop after this many steps (0 = run all epochs).")
+    ppo_epochs: int = _f(1, "Inner epochs (mu) over each step's rollouts.")
+    num_minibatches: int = _f(1, "Optimizer updates per inner epoch.")
+    micro_batch_size: int = _f(64, "Rows per forward/backward (gradient accumulation inside a minibatch).")
+    lr: float = _f(1e-3, "AdamW learning rate.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    warmup_steps: int = _f(10, "Linear learning-rate warm-up, in steps.")
+    max_grad_norm: float = _f(1.0, "Gradient clipping norm (0 = off).")
+    # ---- evaluation and saving
+    eval_every: int = _f(50, "Evaluate every this many steps (and before the first and after the last).")
+    eval_samples: int = _f(4, "k: Pass@1 is averaged over k samples per problem.")
+    eval_temperature: float = _f(1.0, "Sampling temperature of evaluation.")
+    save_every: int = _f(50, "Checkpoint every this many steps (and at the end).")
+    keep_checkpoints: int = _f(2, "How many checkpoints to keep.")
+
+    def __post_init__(self):
+        preset = ALGORITHMS.get(self.algorithm, {})
+        for k, v in preset.items():
+            if getattr(self, k) is None:
+                setattr(self, k, v)
+
+    # ------------------------------------------------------------ validation
+    def validate(self) -> "TrainConfig":
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ConfigError(f"config field '{f.name}' must be one of {list(choices)}, got {getattr(self, f.name)!r}")
+        _check(self.group_size >= 2, "group_size", "an integer >= 2", self.group_size)
+        for name in ("prompts_per_step", "max_new_tokens", "ppo_epochs", "num_minibatches", "micro_batch_size",
+                     "rollout_batch_size", "eval_every", "eval_samples", "save_every", "keep_checkpoints",
+                     "train_size", "eval_size"):
+            _check(int(getattr(self, name)) >= 1, name, "an integer >= 1", getattr(self, name))
+        for name in ("max_steps", "warmup_steps", "top_k"):
+            _check(int(getattr(self, name)) >= 0, name, "an integer >= 0", getattr(self, name))
+        for name in ("lr", "temperature", "eval_temperature", "epochs"):
+            _check(float(getattr(self, name)) > 0, name, "a number > 0", getattr(self, name))
+        for name in ("kl_coef", "weight_decay", "max_grad_norm", "adv_eps"):
+            _check(float(getattr(self, name)) >= 0, name, "a number >= 0", getattr(self, name))
+        _check(0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
+        _check(0 <= self.clip_low < 1, "clip_low", "a number in [0, 1)", self.clip_low)
+        _check(self.clip_high >= 0, "clip_high", "a number >= 0", self.clip_high)
+        _check(self.prompts_per_step * self.group_size >= self.num_minibatches, "num_minibatches",
+               "at most prompts_per_step x group_size", self.num_minibatches)
+        if self.dataset != "embedded" and not self.dataset.startswith("hf:") and not Path(self.dataset).is_file():
+            raise ConfigError(f"config field 'dataset' must be 'embedded', an existing .jsonl/.parquet file or "
+                              f"hf:<name>, got {self.dataset!r} (file not found)")
+        if self.eval_datasets is not None:
+            _check(isinstance(self.eval_datasets, dict) and self.eval_datasets, "eval_datasets",
+                   "a non-empty mapping {split: path}", self.eval_datasets)
+            for split, path in self.eval_datasets.items():
+                if not str(path).startswith("hf:") and not Path(path).is_file():
+                    raise ConfigError(f"config field 'eval_datasets' entry {split!r}: file {path!r} not found")
+        return self
+
+    # ------------------------------------------------------------ io
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        unknown = sorted(set(d) - set(cls.field_names()))
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {unknown}; allowed: {cls.field_names()}")
+        typed = {}
+        for f in fields(cls):
+            if f.name in d:
+                typed[f.name] = _coerce(f, d[f.name])
+        return cls(**typed).validate()
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: dict | None = None) -> "TrainConfig":
+        d = {}
+        if path is not None:
+            p = Path(path)
+            if not p.is_file():
+                raise ConfigError(f"config file {str(path)!r} not found")
+            try:
+                d = yaml.safe_load(p.read_text()) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"config file {str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+            if not isinstance(d, dict):
+                raise ConfigError(f"config file {str(path)!r} must hold a mapping of field: value")
+        d.update(overrides or {})
+        return cls.from_dict(d)
+
+
+def _check(ok: bool, name: str, allowed: str, value) -> None:
+    if not ok:
+        raise ConfigError(f"config field '{name}' must be {allowed}, got {value!r}")
+
+
+def _coerce(f: dataclasses.Field, value):
+    """Cast YAML/CLI values to the field's type, with a one-line error when impossible."""
+    if value is None:
+        return None
+    kind = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict}.get(str(f.type))
+    if kind is None or isinstance(value, kind):
+        return value
+    try:
+        if kind is bool:
+            if str(value).lower() in ("true", "1", "yes"):
+                return True
+            if str(value).lower() in ("false", "0", "no"):
+                return False
+            raise ValueError
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        if kind is dict:
+            raise ValueError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"config field '{f.name}' must be of type {f.type}, got {value!r}") from None

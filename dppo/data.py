@@ -1,0 +1,85 @@
+"""Problems and where they come from: the embedded task, local jsonl/parquet files, or the hub.
+
+A `Problem` is a prompt with its gold answer. Paper-scale data (MATH, GSM8K, the six eval
+benchmarks; SPEC §4) are read from local `.jsonl`/`.parquet` files, or from the Hugging Face hub
+when the path is written `hf:<dataset>[:<split>[:<subset>]]` (needs the `datasets` package and a
+network), e.g. `hf:HuggingFaceH4/MATH-500:test` or `hf:openai/gsm8k:test:main`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+# Field names tried, in order, for the question and the answer of a record.
+QUESTION_FIELDS = ("prompt", "problem", "question")
+ANSWER_FIELDS = ("answer", "final_answer", "solution")
+MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str  # the text the policy continues (already formatted)
+    answer: str  # gold final answer, compared by the reward with math-verify
+    split: str = "train"
+    solution: str = ""  # a worked solution, when known (the embedded task's warm-start uses it)
+
+
+def _records(path: str) -> list[dict]:
+    if path.startswith("hf:"):
+        try:
+            import datasets  # optional: only paper-scale users loading from the hub need it
+        except ImportError as e:
+            raise ValueError(f"data path {path!r} needs the `datasets` package: pip install datasets") from e
+        name, split, subset = (path[3:].split(":") + ["", ""])[:3]
+        return list(datasets.load_dataset(name, subset or None, split=split or "train"))
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"data file {path!r} does not exist")
+    if p.suffix == ".jsonl":
+        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    if p.suffix == ".parquet":
+        import pandas as pd
+
+        return pd.read_parquet(p).to_dict("records")
+    raise ValueError(f"data file {path!r} must end in .jsonl or .parquet, or be written hf:<name>[:<split>[:<subset>]]")
+
+
+def _field(record: dict, names: tuple[str, ...], path: str) -> str:
+    for n in names:
+        if n in record and record[n] is not None:
+            return str(record[n])
+    raise ValueError(f"records of {path!r} need one of the fields {list(names)}")
+
+
+def gold_answer(text: str) -> str:
+    """The final answer of a gold field: the last \\boxed{...} if there is one (MATH), the part after
+    '####' (GSM8K), else the text itself."""
+    from dppo.reward import extract_boxed
+
+    boxed = extract_boxed(text)
+    if boxed is not None:
+        return boxed
+    if "####" in text:
+        return text.rsplit("####", 1)[1].strip().replace(",", "")
+    return text.strip()
+
+
+def load_problems(path: str, split: str, template: str = "{question}\n" + MATH_INSTRUCTION,
+                  limit: int = 0) -> list[Problem]:
+    """Problems of a local jsonl/parquet file or a hub dataset; `template` formats the question."""
+    recs = _records(path)
+    if limit:
+        recs = recs[:limit]
+    if not recs:
+        raise ValueError(f"data file {path!r} holds no records")
+    return [Problem(prompt=template.format(question=_field(r, QUESTION_FIELDS, path)),
+                    answer=gold_answer(_field(r, ANSWER_FIELDS, path)), split=split) for r in recs]
+
+
+def with_chat_template(problems: list[Problem], tokenizer) -> list[Problem]:
+    """The same problems with each prompt wrapped as a user turn in `tokenizer`'s chat template."""
+    return [dataclasses.replace(p, prompt=tokenizer.apply_chat_template(
+        [{"role": "user", "content": p.prompt}], tokenize=False, add_generation_prompt=True)) for p in problems]

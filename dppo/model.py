@@ -1,0 +1,168 @@
+"""Policies: the embedded tiny Qwen3 model (SPEC §4) and real checkpoints.
+
+`load_policy("embedded")` returns a tiny `Qwen3ForCausalLM` with a BPE tokenizer trained on the
+embedded task, warm-started by a short supervised phase on worked solutions so that it starts well
+above zero but far from perfect. It is built once and cached as a normal Hugging Face model
+directory (config.json, model.safetensors, tokenizer.json) under `$DPPO_CACHE` (default
+`~/.cache/dppo`), keyed by a hash of everything that determines it, and rebuilt when missing.
+Any other value is a local model directory, or `hf:<repo id>` to download from the hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+# Everything that determines the embedded model; its hash names the cache directory.
+EMBEDDED_SPEC = {
+    "version": 1,
+    "arch": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, max_position_embeddings=320, rope_theta=10000.0,
+                 tie_word_embeddings=True),
+    "vocab_size": 192,
+    "sft": dict(steps=400, batch_size=64, lr=3e-3, warmup=30, weight_decay=0.0, error_rate=0.15, seed=1234),
+}
+PAD, EOS, UNK = "<|pad|>", "<|endoftext|>", "<|unk|>"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DPPO_CACHE", Path.home() / ".cache" / "dppo"))
+
+
+def build_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer trained on the embedded task, digits split one per token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from dppo.task import tokenizer_corpus
+
+    tok = Tokenizer(models.BPE(unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS, UNK], show_progress=False)
+    tok.train_from_iterator(tokenizer_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK,
+                                   padding_side="left")
+
+
+def build_untrained(spec: dict = EMBEDDED_SPEC, seed: int = 0):
+    """The embedded architecture with random weights and its tokenizer."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok = build_tokenizer(spec["vocab_size"])
+    cfg = Qwen3Config(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                      bos_token_id=tok.eos_token_id, attn_implementation="sdpa", **spec["arch"])
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(cfg), tok
+
+
+def encode_pairs(tok, prompts: list[str], completions: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids of prompts and of completions (+EOS), encoded separately exactly as in RL."""
+    p_ids = tok(prompts, add_special_tokens=False)["input_ids"]
+    c_ids = [ids + [tok.eos_token_id] for ids in tok(completions, add_special_tokens=False)["input_ids"]]
+    return p_ids, c_ids
+
+
+def warm_start(model, tok, steps: int, batch_size: int, lr: float, warmup: int, weight_decay: float,
+               error_rate: float, seed: int) -> list[float]:
+    """Supervised phase: cross-entropy on worked solutions of train-level problems (completion tokens
+    only), written by a noisy demonstrator whose step results are off by 1-2 with prob. `error_rate`.
+    The policy thus starts with the right arithmetic as its mode but samples slips, which RL removes.
+    Returns the loss per step."""
+    from dppo.scoring import right_pad
+    from dppo.task import TRAIN_LEVELS, make_problem
+
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    model.train()
+    losses = []
+    for _ in tqdm(range(steps), desc="warm-start (supervised)", mininterval=2.0):
+        probs = [make_problem(rng, rng.choice(TRAIN_LEVELS), error_rate) for _ in range(batch_size)]
+        p_ids, c_ids = encode_pairs(tok, [p.prompt for p in probs], [p.solution for p in probs])
+        ids, attn, comp_mask = right_pad(p_ids, c_ids, tok.pad_token_id)
+        logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
+        target, mask = ids[:, 1:], comp_mask[:, 1:]
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                                reduction="none").view_as(target)
+        loss = (nll * mask).sum() / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def spec_hash(spec: dict) -> str:
+    """Hash of the spec and of the code that turns it into weights (task generator, tokenizer and
+    warm-start), so that editing any of them rebuilds the cached model."""
+    from dppo import task
+
+    code = Path(task.__file__).read_text() + inspect.getsource(build_tokenizer) + inspect.getsource(warm_start)
+    return hashlib.sha256((json.dumps(spec, sort_keys=True) + code).encode()).hexdigest()[:12]
+
+
+def embedded_model_dir(spec: dict = EMBEDDED_SPEC, rebuild: bool = False) -> Path:
+    """Directory of the cached embedded model, building it first if missing (atomic rename, so
+    concurrent builders never see a half-written directory)."""
+    out = cache_root() / f"embedded-{spec_hash(spec)}"
+    if (out / "model.safetensors").is_file() and not rebuild:
+        return out
+    model, tok = build_untrained(spec)
+    losses = warm_start(model, tok, **{k: v for k, v in spec["sft"].items()})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".build-"))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "warm_start.json").write_text(json.dumps({"spec": spec, "final_loss": losses[-1]}, indent=1))
+    if out.exists():
+        shutil.rmtree(out, ignore_errors=True)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process won the race; its copy is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """`embedded` -> the cached embedded model; `hf:<id>` -> the hub id; else an existing local dir."""
+    if name_or_path == "embedded":
+        return str(embedded_model_dir())
+    if name_or_path.startswith("hf:"):
+        return name_or_path[3:]
+    if not Path(name_or_path).is_dir():
+        raise ValueError(f"model_name_or_path {name_or_path!r} is not a local directory "
+                         "(use 'embedded', a local model directory, or hf:<repo id> to download)")
+    return name_or_path
+
+
+def load_policy(name_or_path: str, dtype: str = "float32", attn_implementation: str = "sdpa"):
+    """(model, tokenizer) in eval mode; the tokenizer pads on the left for generation."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+                                                 attn_implementation=attn_implementation)
+    model.config.use_cache = False  # scoring/training forwards never use the KV cache (packing-safe)
+    return model.eval(), tok

@@ -1,0 +1,274 @@
+"""The training loop: it orchestrates, the math lives in `losses`.
+
+One step: take B prompts -> rollout G completions each -> rewards -> group advantages ->
+old / reference log-probs -> mu inner epochs of minibatch updates -> sync rollout weights.
+Each phase is timed (`timing_s/*`); metrics go to `metrics.jsonl`, checkpoints (safetensors via
+accelerate) to `checkpoints/step_N`, and a run resumes from its newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from dppo.config import TrainConfig
+from dppo.data import Problem, load_problems, with_chat_template
+from dppo.evaluation import evaluate, format_accuracy
+from dppo.losses import ADVANTAGES, policy_objective, zero_std_groups
+from dppo.model import load_policy
+from dppo.reward import math_reward
+from dppo.rollout import HFRollout, RolloutBatch, SamplingParams
+from dppo.scoring import batched_logprobs, completion_logprobs, pad_completions, right_pad
+
+
+def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]]:
+    """Train problems and eval splits for `cfg` (embedded task or files / hub)."""
+    if cfg.dataset == "embedded":
+        from dppo.task import make_eval, make_train
+
+        train = make_train(cfg.train_size, cfg.seed)
+        evals = make_eval(cfg.eval_size, cfg.seed, train) if cfg.eval_datasets is None else {}
+    else:
+        train = load_problems(cfg.dataset, "train", cfg.prompt_template)
+        evals = {}
+    for name, path in (cfg.eval_datasets or {}).items():
+        evals[name] = load_problems(path, name, cfg.prompt_template, limit=cfg.eval_size)
+    if not train:
+        raise ValueError(f"config field 'dataset' ({cfg.dataset!r}) yields no training problems")
+    return train, evals
+
+
+class Timer:
+    """Wall-clock seconds per phase; phases a step skips report 0."""
+
+    def __init__(self, phases: tuple[str, ...] = ("rollout", "reward", "old_logprob", "ref_logprob", "update")):
+        self.times: dict[str, float] = dict.fromkeys(phases, 0.0)
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        yield
+        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        from accelerate import Accelerator
+
+        self.cfg = cfg.validate()
+        self.out = Path(cfg.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.train, self.evals = load_data(cfg)
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        model, self.tok = load_policy(cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)
+        if cfg.chat_template:
+            self.train = with_chat_template(self.train, self.tok)
+            self.evals = {k: with_chat_template(v, self.tok) for k, v in self.evals.items()}
+        self.ref_model = None
+        if cfg.kl_coef > 0:
+            self.ref_model, _ = load_policy(cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)
+            self.ref_model.requires_grad_(False)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+        self.model, self.opt, self.sched = self.accelerator.prepare(model, opt, sched)
+        self.engine = HFRollout(self.accelerator.unwrap_model(self.model), self.tok, cfg.rollout_batch_size)
+        self.sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
+                                       top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens)
+        self.total_steps = math.ceil(cfg.epochs * len(self.train) / cfg.prompts_per_step)
+        if cfg.max_steps:
+            self.total_steps = min(self.total_steps, cfg.max_steps)
+        self.step, self.consumed = 0, 0  # steps done, prompts consumed so far
+        self._orders: dict[int, list[int]] = {}
+        self.metrics_path = self.out / "metrics.jsonl"
+
+    # ------------------------------------------------------------ data order
+    def _order(self, epoch: int) -> list[int]:
+        """The seeded permutation of the training prompts for `epoch` (cached)."""
+        if epoch not in self._orders:
+            idx = list(range(len(self.train)))
+            random.Random(f"{self.cfg.seed}:epoch{epoch}").shuffle(idx)
+            self._orders = {epoch: idx}
+        return self._orders[epoch]
+
+    def next_prompts(self) -> list[Problem]:
+        """The next B prompts of the seeded per-epoch order (a step may straddle two epochs)."""
+        n = len(self.train)
+        out = []
+        for c in range(self.consumed, self.consumed + self.cfg.prompts_per_step):
+            out.append(self.train[self._order(c // n)[c % n]])
+        self.consumed += self.cfg.prompts_per_step
+        return out
+
+    # ------------------------------------------------------------ one step
+    def train_step(self) -> dict:
+        cfg, timer = self.cfg, Timer()
+        t_step = time.perf_counter()
+        prompts = self.next_prompts()
+        B, G = len(prompts), cfg.group_size
+        with timer("rollout"):
+            batch = self.engine.generate([p.prompt for p in prompts], self.sampling)
+        with timer("reward"):
+            rewards = torch.tensor([math_reward(t, prompts[r // G].answer) for r, t in enumerate(batch.texts)])
+            rewards = rewards.view(B, G)
+        adv = ADVANTAGES[cfg.advantage](rewards, cfg.adv_eps).reshape(-1)  # [N]
+        # Every row is kept with weight 1 over a normaliser of B*G: plain GRPO (pruning plugs in here).
+        rows = list(range(B * G))
+        weights = torch.ones(len(rows))
+        normaliser = float(B * G)
+        stats = self.update(batch, rows, adv, weights, normaliser, timer)
+        self.engine.sync_weights(self.accelerator.unwrap_model(self.model))
+        self.step += 1
+        lens = torch.tensor([len(c) for c in batch.completion_ids], dtype=torch.float)
+        timer.times["step"] = time.perf_counter() - t_step
+        return {
+            "step": self.step, "epoch": self.consumed / len(self.train),
+            "reward": rewards.mean().item(), "reward_std": rewards.std(dim=1).mean().item(),
+            "frac_reward_zero_std": zero_std_groups(rewards).float().mean().item(),
+            "kept/prompt_frac": 1.0, "kept/completion_frac": len(rows) / (B * G),
+            "weights/mean": weights.mean().item(), "weights/max": weights.max().item(),
+            "tokens/generated": batch.num_tokens, "completion_length/mean": lens.mean().item(),
+            "throughput/rollout_tokens_per_s": batch.num_tokens / timer.times["rollout"],
+            "completion_length/truncated_frac": sum(batch.truncated) / len(batch.truncated),
+            **stats, "lr": self.sched.get_last_lr()[0],
+            **{f"timing_s/{k}": v for k, v in timer.times.items()},
+        }
+
+    def update(self, batch: RolloutBatch, rows: list[int], adv: torch.Tensor, weights: torch.Tensor,
+               normaliser: float, timer: Timer) -> dict:
+        """mu inner epochs of `num_minibatches` optimizer steps over the kept `rows`."""
+        cfg = self.cfg
+        p_ids = [batch.prompt_ids[r] for r in rows]
+        c_ids = [batch.completion_ids[r] for r in rows]
+        adv, n = adv[rows], len(rows)
+        on_policy = cfg.ppo_epochs * cfg.num_minibatches == 1
+        old_logp = None
+        if not on_policy:  # with a single update the ratio is 1 at the update: old = current, detached
+            with timer("old_logprob"):
+                old_logp = batched_logprobs(self.model, p_ids, c_ids, self.tok.pad_token_id, cfg.temperature,
+                                            cfg.micro_batch_size)
+        ref_logp = None
+        if self.ref_model is not None:
+            with timer("ref_logprob"):
+                ref_logp = batched_logprobs(self.ref_model, p_ids, c_ids, self.tok.pad_token_id, cfg.temperature,
+                                            cfg.micro_batch_size)
+        self.model.train()
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
+        totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
+        n_updates, slots, valid = 0, 0, 0
+        with timer("update"):
+            for _ in range(cfg.ppo_epochs):
+                perm = torch.randperm(n, generator=gen).tolist() if cfg.num_minibatches > 1 else list(range(n))
+                for mb in range(cfg.num_minibatches):
+                    mb_rows = perm[mb::cfg.num_minibatches]
+                    mb_tokens = sum(len(c_ids[i]) for i in mb_rows)
+                    # seq-mean aggregations: the minibatch's share of the step normaliser; token-mean: its tokens
+                    mb_norm = mb_tokens if cfg.loss_agg == "token-mean" else normaliser * len(mb_rows) / n
+                    self.opt.zero_grad(set_to_none=True)
+                    for s in range(0, len(mb_rows), cfg.micro_batch_size):
+                        idx = mb_rows[s: s + cfg.micro_batch_size]
+                        mp, mc = [p_ids[i] for i in idx], [c_ids[i] for i in idx]
+                        logp = completion_logprobs(self.model, mp, mc, self.tok.pad_token_id, cfg.temperature)
+                        mask = pad_completions([torch.ones(len(c)) for c in mc], logp.shape[1])[1]
+                        old = logp.detach() if old_logp is None else old_logp[idx, : logp.shape[1]]
+                        ref = None if ref_logp is None else ref_logp[idx, : logp.shape[1]]
+                        loss, st = policy_objective(
+                            logp, old, adv[idx], mask, weights[idx], mb_norm, loss_type=cfg.loss_type,
+                            agg=cfg.loss_agg, clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref,
+                            kl_coef=cfg.kl_coef, max_len=cfg.max_new_tokens)
+                        self.accelerator.backward(loss)
+                        totals["loss"] += loss.item()
+                        totals["kl"] += st.get("kl", 0.0) * len(idx) / n
+                        totals["clip_frac"] += st["clip_frac"] * len(idx) / n
+                        slots += len(idx) * max(len(a) + len(b) for a, b in zip(mp, mc))
+                        valid += sum(len(b) for b in mc)
+                    if cfg.max_grad_norm > 0:
+                        gn = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                        totals["grad_norm"] += float(gn)
+                    self.opt.step()
+                    self.sched.step()
+                    n_updates += 1
+        self.model.eval()
+        k = cfg.ppo_epochs
+        return {"loss": totals["loss"] / n_updates, "kl": totals["kl"] / k, "clip_frac": totals["clip_frac"] / k,
+                "grad_norm": totals["grad_norm"] / n_updates, "tokens/trained": valid // k,
+                "density/valid_token": valid / max(1, slots),
+                "throughput/update_tokens_per_s": valid / max(1e-9, timer.times["update"])}
+
+    # ------------------------------------------------------------ eval, checkpoints, loop
+    def run_eval(self) -> dict[str, float]:
+        acc = evaluate(self.engine, self.evals, self.cfg.eval_samples, self.cfg.eval_temperature,
+                       self.cfg.max_new_tokens, seed=self.cfg.seed + 17 * self.step)
+        tqdm.write(f"[eval step {self.step}] pass@1 (%): {format_accuracy(acc)}")
+        return acc
+
+    def _log(self, record: dict) -> None:
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def save_checkpoint(self) -> None:
+        ckpt = self.out / "checkpoints" / f"step_{self.step}"
+        self.accelerator.save_state(str(ckpt), safe_serialization=True)
+        (ckpt / "trainer_state.json").write_text(json.dumps({"step": self.step, "consumed": self.consumed}))
+        done = sorted((p for p in ckpt.parent.glob("step_*") if (p / "trainer_state.json").is_file()),
+                      key=lambda p: int(p.name.split("_")[1]))
+        for old in done[: -self.cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def maybe_resume(self) -> bool:
+        """Restore model, optimizer, scheduler, RNG and data position from the newest checkpoint;
+        metrics.jsonl is cut back to that step so a resumed run's log equals an uninterrupted one."""
+        done = sorted((p for p in (self.out / "checkpoints").glob("step_*") if (p / "trainer_state.json").is_file()),
+                      key=lambda p: int(p.name.split("_")[1]))
+        if not self.cfg.resume or not done:  # start over: drop what an earlier run left
+            self.metrics_path.unlink(missing_ok=True)
+            shutil.rmtree(self.out / "checkpoints", ignore_errors=True)
+            return False
+        self.accelerator.load_state(str(done[-1]))
+        state = json.loads((done[-1] / "trainer_state.json").read_text())
+        self.step, self.consumed = state["step"], state["consumed"]
+        if self.metrics_path.exists():
+            keep = [ln for ln in self.metrics_path.read_text().splitlines() if json.loads(ln)["step"] <= self.step]
+            self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
+        self.engine.sync_weights(self.accelerator.unwrap_model(self.model))
+        tqdm.write(f"resumed from {done[-1]} (step {self.step})")
+        return True
+
+    def fit(self) -> dict[str, float]:
+        """Train to the end; returns the final eval accuracies."""
+        cfg = self.cfg
+        cfg.save(self.out / "config.yaml")
+        if not self.maybe_resume():
+            self._log({"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().items()}})
+        acc: dict[str, float] = {}
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="train", mininterval=10.0)
+        while self.step < self.total_steps:
+            record = self.train_step()
+            if self.step % cfg.eval_every == 0 or self.step == self.total_steps:
+                acc = self.run_eval()
+                record.update({f"eval/{k}": v for k, v in acc.items()})
+            self._log(record)
+            if self.step % cfg.save_every == 0 or self.step == self.total_steps:
+                self.save_checkpoint()
+            bar.update(1)
+            bar.set_postfix(reward=f"{record['reward']:.3f}", zero_std=f"{record['frac_reward_zero_std']:.2f}")
+        bar.close()
+        final = self.out / "final"
+        self.accelerator.unwrap_model(self.model).save_pretrained(final, safe_serialization=True)
+        self.tok.save_pretrained(final)
+        if not acc:  # resumed at the very end: read the last eval back
+            acc = {k[5:]: v for k, v in read_metrics(self.metrics_path)[-1].items() if k.startswith("eval/")}
+        return acc
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]

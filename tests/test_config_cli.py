@@ -1,0 +1,69 @@
+"""Bad configs get one-line errors naming the field; overrides and YAML round-trip."""
+
+import subprocess
+import sys
+
+import pytest
+
+from dppo.cli import main
+from dppo.config import ConfigError, TrainConfig
+
+
+def _err(capsys, argv):
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and err.startswith("dppo: error: ")
+    return err
+
+
+@pytest.mark.parametrize("override, field", [
+    (["--group_size", "1"], "group_size"),
+    (["--algorithm", "ppo"], "algorithm"),
+    (["--lr", "-1"], "lr"),
+    (["--temperature", "0"], "temperature"),
+    (["--top_p", "1.5"], "top_p"),
+    (["--loss_agg", "sum"], "loss_agg"),
+    (["--prompts_per_step", "abc"], "prompts_per_step"),
+    (["--clip_low", "1.2"], "clip_low"),
+    (["--dataset", "missing.jsonl"], "dataset"),
+    (["--no_such_field", "3"], "no_such_field"),
+])
+def test_bad_field_gets_one_line_error(capsys, tmp_path, override, field):
+    err = _err(capsys, ["train", "--config", "experiments/cpu/grpo.yaml", "--output_dir", str(tmp_path), *override])
+    assert field in err
+
+
+def test_missing_config_file(capsys):
+    assert "nope.yaml" in _err(capsys, ["train", "--config", "nope.yaml"])
+
+
+def test_empty_dataset_file(capsys, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    err = _err(capsys, ["train", "--dataset", str(empty), "--output_dir", str(tmp_path / "run")])
+    assert "empty.jsonl" in err and "no records" in err
+
+
+def test_cli_error_is_one_line_in_a_real_process(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "dppo.cli", "train", "--group_size", "1"], capture_output=True,
+                         text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["dppo: error: config field 'group_size' must be an integer >= 2, got 1"]
+
+
+def test_algorithm_presets_and_overrides():
+    assert TrainConfig(algorithm="dapo").loss_agg == "token-mean"
+    assert TrainConfig(algorithm="dapo").clip_high == 0.28
+    assert TrainConfig(algorithm="gspo").loss_type == "gspo"
+    assert TrainConfig(algorithm="dapo", clip_high=0.3).clip_high == 0.3  # explicit values win
+    cfg = TrainConfig.load("experiments/cpu/grpo.yaml", {"group_size": "4", "resume": "false"})
+    assert cfg.group_size == 4 and cfg.resume is False
+
+
+def test_yaml_round_trip(tmp_path):
+    cfg = TrainConfig(algorithm="drgrpo", kl_coef=0.05, seed=7)
+    cfg.save(tmp_path / "c.yaml")
+    assert TrainConfig.load(tmp_path / "c.yaml") == cfg
+    with pytest.raises(ConfigError, match="eval_datasets"):
+        TrainConfig(eval_datasets={"math500": str(tmp_path / "missing.jsonl")}).validate()

@@ -1,0 +1,60 @@
+"""The embedded task and the math-verify reward."""
+
+import random
+
+import pytest
+
+from dppo.reward import extract_boxed, math_reward
+from dppo.task import EVAL_SPLITS, LEVELS, make_eval, make_problem, make_train
+
+
+def test_generation_is_deterministic_and_splits_disjoint():
+    a, b = make_train(200, seed=3), make_train(200, seed=3)
+    assert [p.prompt for p in a] == [p.prompt for p in b]
+    assert [p.prompt for p in make_train(200, seed=4)] != [p.prompt for p in a]
+    evals = make_eval(40, seed=3, train=a)
+    assert tuple(evals) == EVAL_SPLITS and len(EVAL_SPLITS) == 6
+    train_prompts = {p.prompt for p in a}
+    for split, probs in evals.items():
+        assert len(probs) == 40 and len({p.prompt for p in probs}) == 40
+        assert not train_prompts & {p.prompt for p in probs}, split
+    assert {p.split for p in a} == {"level1", "level2", "level3", "level4", "level5"}
+
+
+@pytest.mark.parametrize("split", list(LEVELS))
+def test_worked_solution_is_correct_and_grows_with_level(split):
+    rng = random.Random(0)
+    for _ in range(50):
+        p = make_problem(rng, split)
+        lines = p.solution.split("\n")
+        assert len(lines) == LEVELS[split][0] + 1  # one line per operation + the boxed answer
+        value = None
+        for line in lines[:-1]:
+            lhs, rhs = line.split("=")
+            assert eval(lhs) == int(rhs) and int(rhs) >= 0  # noqa: S307 - our own arithmetic strings
+            value = int(rhs)
+        assert lines[-1] == f"\\boxed{{{value}}}" and p.answer == str(value)
+        assert math_reward(p.solution, p.answer) == 1.0
+
+
+def test_noisy_demonstrator_makes_slips_at_the_requested_rate():
+    clean = [make_problem(random.Random(i), "level1") for i in range(400)]
+    noisy = [make_problem(random.Random(i), "level1", error_rate=0.3) for i in range(400)]
+    assert all(c.prompt == n.prompt and c.answer == n.answer for c, n in zip(clean, noisy))
+    slips = sum(math_reward(n.solution, n.answer) == 0 for n in noisy) / len(noisy)
+    assert 0.2 < slips < 0.4  # one operation per level-1 problem: a slip makes the answer wrong
+
+
+def test_reward_extraction_and_equivalence():
+    assert extract_boxed("a \\boxed{1} then \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert extract_boxed("no box") is None and extract_boxed("\\boxed{12") is None
+    assert math_reward("3+4=7\n\\boxed{7}", "7") == 1.0
+    assert math_reward("\\boxed{7.0}", "7") == 1.0  # math-verify equivalence, not string match
+    assert math_reward("\\boxed{0.5}", "\\frac{1}{2}") == 1.0
+    assert math_reward("\\boxed{8}", "7") == 0.0
+
+
+@pytest.mark.parametrize("junk", ["", "\\boxed{", "\\boxed{}", "\\boxed{\\frac{1}{}", "}}}{{{", "\\boxed{x^^2}",
+                                  "\\boxed{" + "(" * 200 + "}", "\x00\\boxed{\x00}"])
+def test_malformed_output_scores_zero_and_never_raises(junk):
+    assert math_reward(junk, "7") == 0.0
