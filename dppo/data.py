@@ -69,13 +69,14 @@ def gold_answer(text: str) -> str:
 
 def load_problems(path: str, split: str, template: str = "{question}\n" + MATH_INSTRUCTION,
                   limit: int = 0) -> list[Problem]:
-    """Problems of a local jsonl/parquet file or a hub dataset; `template` formats the question."""
+    """Problems of a local jsonl/parquet file or a hub dataset; "{question}" in `template` is replaced
+    by the record's question (other braces, such as \\boxed{}, are kept as written)."""
     recs = _records(path)
     if limit:
         recs = recs[:limit]
     if not recs:
         raise ValueError(f"data file {path!r} holds no records")
-    return [Problem(prompt=template.format(question=_field(r, QUESTION_FIELDS, path)),
+    return [Problem(prompt=template.replace("{question}", _field(r, QUESTION_FIELDS, path)),
                     answer=gold_answer(_field(r, ANSWER_FIELDS, path)), split=split) for r in recs]
 
 

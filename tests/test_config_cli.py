@@ -2,11 +2,14 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from dppo.cli import main
 from dppo.config import ConfigError, TrainConfig
+
+GRPO_YAML = str(Path(__file__).resolve().parents[1] / "experiments" / "cpu" / "grpo.yaml")
 
 
 def _err(capsys, argv):
@@ -30,7 +33,7 @@ def _err(capsys, argv):
     (["--no_such_field", "3"], "no_such_field"),
 ])
 def test_bad_field_gets_one_line_error(capsys, tmp_path, override, field):
-    err = _err(capsys, ["train", "--config", "experiments/cpu/grpo.yaml", "--output_dir", str(tmp_path), *override])
+    err = _err(capsys, ["train", "--config", GRPO_YAML, "--output_dir", str(tmp_path), *override])
     assert field in err
 
 
@@ -57,7 +60,7 @@ def test_algorithm_presets_and_overrides():
     assert TrainConfig(algorithm="dapo").clip_high == 0.28
     assert TrainConfig(algorithm="gspo").loss_type == "gspo"
     assert TrainConfig(algorithm="dapo", clip_high=0.3).clip_high == 0.3  # explicit values win
-    cfg = TrainConfig.load("experiments/cpu/grpo.yaml", {"group_size": "4", "resume": "false"})
+    cfg = TrainConfig.load(GRPO_YAML, {"group_size": "4", "resume": "false"})
     assert cfg.group_size == 4 and cfg.resume is False
 
 

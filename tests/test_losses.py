@@ -93,7 +93,7 @@ def _plain_grpo_loss(logp, old, rewards, lengths, clip=0.2):
             a = (rewards[b, i].item() - mean) / (std + 1e-6)
             seq = 0.0
             for t in range(lengths[n]):
-                ratio = math.exp(logp[n, t] - old[n, t])
+                ratio = math.exp(logp[n][t] - old[n][t])
                 seq += -min(ratio * a, min(max(ratio, 1 - clip), 1 + clip) * a)
             total += seq / lengths[n]
     return total / (B * G)

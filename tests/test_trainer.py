@@ -11,7 +11,7 @@ from dppo.reward import math_reward
 from dppo.rollout import SamplingParams
 from dppo.trainer import Trainer, read_metrics
 
-SMALL = dict(train_size=16, eval_size=4, eval_samples=2, prompts_per_step=8, group_size=8, max_new_tokens=48,
+SMALL = dict(train_size=16, epochs=100, eval_size=4, eval_samples=2, prompts_per_step=8, group_size=8, max_new_tokens=48,
              warmup_steps=1, keep_checkpoints=10)
 
 
