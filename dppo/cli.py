@@ -45,10 +45,10 @@ def cmd_train(args, rest) -> int:
 
 
 def cmd_eval(args, rest) -> int:
+    from dppo.data import with_chat_template
     from dppo.evaluation import evaluate, format_accuracy
     from dppo.model import load_policy
-    from dppo.rollout import HFRollout
-    from dppo.data import with_chat_template
+    from dppo.rollout import make_rollout_engine
     from dppo.trainer import load_data
 
     cfg = TrainConfig.load(args.config, _overrides(rest))
@@ -56,8 +56,8 @@ def cmd_eval(args, rest) -> int:
     _, evals = load_data(cfg)
     if cfg.chat_template:
         evals = {k: with_chat_template(v, tok) for k, v in evals.items()}
-    acc = evaluate(HFRollout(model, tok, cfg.rollout_batch_size), evals, cfg.eval_samples, cfg.eval_temperature,
-                   cfg.max_new_tokens, seed=cfg.seed)
+    engine = make_rollout_engine(cfg.rollout_backend, model, tok, cfg.rollout_batch_size)
+    acc = evaluate(engine, evals, cfg.eval_samples, cfg.eval_temperature, cfg.max_new_tokens, seed=cfg.seed)
     print(f"pass@1 (%): {format_accuracy(acc)}")
     print(json.dumps(acc))
     return 0

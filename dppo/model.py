@@ -18,6 +18,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -125,13 +126,15 @@ def embedded_model_dir(spec: dict = EMBEDDED_SPEC, rebuild: bool = False) -> Pat
     out = cache_root() / f"embedded-{spec_hash(spec)}"
     if (out / "model.safetensors").is_file() and not rebuild:
         return out
+    t0 = time.perf_counter()
     model, tok = build_untrained(spec)
-    losses = warm_start(model, tok, **{k: v for k, v in spec["sft"].items()})
+    losses = warm_start(model, tok, **spec["sft"])
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".build-"))
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
-    (tmp / "warm_start.json").write_text(json.dumps({"spec": spec, "final_loss": losses[-1]}, indent=1))
+    (tmp / "warm_start.json").write_text(json.dumps(
+        {"spec": spec, "final_loss": losses[-1], "build_seconds": time.perf_counter() - t0}, indent=1))
     if out.exists():
         shutil.rmtree(out, ignore_errors=True)
     try:

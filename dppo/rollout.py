@@ -90,3 +90,10 @@ class HFRollout:
         out.texts = tok.batch_decode(out.completion_ids, skip_special_tokens=True)
         model.train(was_training)
         return out
+
+
+def make_rollout_engine(backend: str, model, tokenizer, batch_size: int) -> RolloutEngine:
+    """The rollout engine named by the config field `rollout_backend`."""
+    if backend == "hf":
+        return HFRollout(model, tokenizer, batch_size)
+    raise ValueError(f"config field 'rollout_backend' must be one of ['hf'], got {backend!r}")

@@ -25,7 +25,7 @@ from dppo.evaluation import evaluate, format_accuracy
 from dppo.losses import ADVANTAGES, policy_objective, zero_std_groups
 from dppo.model import load_policy
 from dppo.reward import math_reward
-from dppo.rollout import HFRollout, RolloutBatch, SamplingParams
+from dppo.rollout import RolloutBatch, SamplingParams, make_rollout_engine
 from dppo.scoring import batched_logprobs, completion_logprobs, pad_completions, right_pad
 
 
@@ -81,7 +81,8 @@ class Trainer:
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
         self.model, self.opt, self.sched = self.accelerator.prepare(model, opt, sched)
-        self.engine = HFRollout(self.accelerator.unwrap_model(self.model), self.tok, cfg.rollout_batch_size)
+        self.engine = make_rollout_engine(cfg.rollout_backend, self.accelerator.unwrap_model(self.model), self.tok,
+                                          cfg.rollout_batch_size)
         self.sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
                                        top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens)
         self.total_steps = math.ceil(cfg.epochs * len(self.train) / cfg.prompts_per_step)

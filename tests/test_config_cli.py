@@ -70,3 +70,10 @@ def test_yaml_round_trip(tmp_path):
     assert TrainConfig.load(tmp_path / "c.yaml") == cfg
     with pytest.raises(ConfigError, match="eval_datasets"):
         TrainConfig(eval_datasets={"math500": str(tmp_path / "missing.jsonl")}).validate()
+
+
+def test_eval_command_prints_every_split(capsys, embedded):
+    assert main(["eval", "--config", GRPO_YAML, "--eval_size", "2", "--eval_samples", "1"]) == 0
+    out = capsys.readouterr().out
+    for split in ("level1", "level2", "level3", "level4", "level5", "ood", "avg"):
+        assert f"{split}=" in out
