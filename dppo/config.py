@@ -60,6 +60,20 @@ class TrainConfig:
     clip_high: float = _f(None, "Upper clip range epsilon_high (DAPO clip-higher when larger than clip_low).")
     kl_coef: float = _f(0.0, "Coefficient beta of the k3 KL penalty to the initial policy (0 = no reference model).")
     adv_eps: float = _f(1e-6, "epsilon in A = (r - mean) / (std + epsilon).")
+    # ---- pruning (SPEC §2)
+    pruner: str = _f("none", "none | dppo (unbiased, 1/pi weights) | dppo_biased (same masks, no weights) | cppo | "
+                     "greso | dapo_filter.", choices=("none", "dppo", "dppo_biased", "cppo", "greso", "dapo_filter"))
+    prompt_prune_rate: float = _f(0.0, "r_q: candidate prompts are kept with probability 1 - r_q (dppo*).")
+    completion_prune_rate: float = _f(0.0, "r_o: candidate completions are kept with probability 1 - r_o (dppo*); "
+                                      "CPPO's pruning rate P.")
+    prune_sampling: str = _f("bernoulli", "bernoulli (independent) or fixed_count (floor(r n) of n candidates "
+                             "dropped uniformly); both exact.", choices=("bernoulli", "fixed_count"))
+    prompt_candidate_rule: str = _f("zero_variance", "Prompt candidates: zero-variance group at the last visit, "
+                                    "or mean |A| below abs_adv_threshold.", choices=("zero_variance", "abs_adv"))
+    abs_adv_threshold: float = _f(0.1, "Threshold of the abs_adv prompt candidate rule.")
+    cppo_per_group: bool = _f(True, "CPPO: top-|A| per group (true) or over the whole batch (false).")
+    cppo_allocation: bool = _f(True, "CPPO: roll out ceil(B / (1 - P)) prompts per step so ~B*G completions train.")
+    dapo_max_rounds: int = _f(4, "DAPO dynamic sampling: at most this many rollout rounds to fill B informative groups.")
     # ---- sampling
     prompts_per_step: int = _f(16, "Prompts per training step (B).")
     group_size: int = _f(8, "Completions per prompt (G), at least 2.")
@@ -101,7 +115,7 @@ class TrainConfig:
         _check(self.group_size >= 2, "group_size", "an integer >= 2", self.group_size)
         for name in ("prompts_per_step", "max_new_tokens", "ppo_epochs", "num_minibatches", "micro_batch_size",
                      "rollout_batch_size", "eval_every", "eval_samples", "save_every", "keep_checkpoints",
-                     "train_size", "eval_size"):
+                     "train_size", "eval_size", "dapo_max_rounds"):
             _check(int(getattr(self, name)) >= 1, name, "an integer >= 1", getattr(self, name))
         for name in ("max_steps", "warmup_steps", "top_k"):
             _check(int(getattr(self, name)) >= 0, name, "an integer >= 0", getattr(self, name))
@@ -110,6 +124,8 @@ class TrainConfig:
         for name in ("kl_coef", "weight_decay", "max_grad_norm", "adv_eps"):
             _check(float(getattr(self, name)) >= 0, name, "a number >= 0", getattr(self, name))
         _check(0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
+        for name in ("prompt_prune_rate", "completion_prune_rate"):
+            _check(0 <= float(getattr(self, name)) < 1, name, "a number in [0, 1)", getattr(self, name))
         _check(0 <= self.clip_low < 1, "clip_low", "a number in [0, 1)", self.clip_low)
         _check(self.clip_high >= 0, "clip_high", "a number >= 0", self.clip_high)
         _check(self.prompts_per_step * self.group_size >= self.num_minibatches, "num_minibatches",

@@ -22,8 +22,10 @@ from tqdm.auto import tqdm
 from dppo.config import TrainConfig
 from dppo.data import Problem, load_problems, with_chat_template
 from dppo.evaluation import evaluate, format_accuracy
+from dppo.history import PromptHistory
 from dppo.losses import ADVANTAGES, policy_objective, zero_std_groups
 from dppo.model import load_policy
+from dppo.pruning import Selection, make_pruner
 from dppo.reward import math_reward
 from dppo.rollout import RolloutBatch, SamplingParams, make_rollout_engine
 from dppo.scoring import batched_logprobs, completion_logprobs, pad_completions, right_pad
@@ -49,7 +51,7 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]
 class Timer:
     """Wall-clock seconds per phase; phases a step skips report 0."""
 
-    def __init__(self, phases: tuple[str, ...] = ("rollout", "reward", "old_logprob", "ref_logprob", "update")):
+    def __init__(self, phases=("prune", "rollout", "reward", "old_logprob", "ref_logprob", "update")):
         self.times: dict[str, float] = dict.fromkeys(phases, 0.0)
 
     @contextmanager
@@ -90,6 +92,11 @@ class Trainer:
             self.total_steps = min(self.total_steps, cfg.max_steps)
         self.step, self.consumed = 0, 0  # steps done, prompts consumed so far
         self._orders: dict[int, list[int]] = {}
+        self.history = PromptHistory()
+        self.pruner = make_pruner(cfg.pruner, prompt_rate=cfg.prompt_prune_rate,
+                                  completion_rate=cfg.completion_prune_rate, sampling=cfg.prune_sampling,
+                                  prompt_rule=cfg.prompt_candidate_rule, abs_adv_threshold=cfg.abs_adv_threshold,
+                                  cppo_per_group=cfg.cppo_per_group)
         self.metrics_path = self.out / "metrics.jsonl"
 
     # ------------------------------------------------------------ data order
@@ -101,46 +108,79 @@ class Trainer:
             self._orders = {epoch: idx}
         return self._orders[epoch]
 
-    def next_prompts(self) -> list[Problem]:
-        """The next B prompts of the seeded per-epoch order (a step may straddle two epochs)."""
-        n = len(self.train)
-        out = []
-        for c in range(self.consumed, self.consumed + self.cfg.prompts_per_step):
-            out.append(self.train[self._order(c // n)[c % n]])
-        self.consumed += self.cfg.prompts_per_step
-        return out
+    def next_prompt_keys(self, n: int) -> list[int]:
+        """Indices of the next `n` prompts of the seeded per-epoch order (a step may straddle epochs)."""
+        size = len(self.train)
+        keys = [self._order(c // size)[c % size] for c in range(self.consumed, self.consumed + n)]
+        self.consumed += n
+        return keys
+
+    def _rollout(self, keys: list[int], timer: Timer) -> tuple[RolloutBatch, torch.Tensor]:
+        """Rollout of G completions for each prompt key, and their rewards [len(keys), G]."""
+        G = self.cfg.group_size
+        if not keys:
+            return RolloutBatch([], [], [], [], []), torch.zeros(0, G)
+        with timer("rollout"):
+            batch = self.engine.generate([self.train[k].prompt for k in keys], self.sampling)
+        with timer("reward"):
+            rewards = [math_reward(t, self.train[keys[r // G]].answer) for r, t in enumerate(batch.texts)]
+        return batch, torch.tensor(rewards, dtype=torch.float32).view(len(keys), G)
 
     # ------------------------------------------------------------ one step
     def train_step(self) -> dict:
+        """Prompt stage -> rollout of kept prompts -> rewards, full-group advantages -> completion stage
+        -> update on kept rows with weights and normaliser from the pruner (SPEC §2)."""
         cfg, timer = self.cfg, Timer()
         t_step = time.perf_counter()
-        prompts = self.next_prompts()
-        B, G = len(prompts), cfg.group_size
-        with timer("rollout"):
-            batch = self.engine.generate([p.prompt for p in prompts], self.sampling)
-        with timer("reward"):
-            rewards = torch.tensor([math_reward(t, prompts[r // G].answer) for r, t in enumerate(batch.texts)])
-            rewards = rewards.view(B, G)
-        adv = ADVANTAGES[cfg.advantage](rewards, cfg.adv_eps).reshape(-1)  # [N]
-        # Every row is kept with weight 1 over a normaliser of B*G: plain GRPO (pruning plugs in here).
-        rows = list(range(B * G))
-        weights = torch.ones(len(rows))
-        normaliser = float(B * G)
-        stats = self.update(batch, rows, adv, weights, normaliser, timer)
+        B, G = cfg.prompts_per_step, cfg.group_size
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * self.step + 1)  # masks: own stream
+        epoch = self.consumed // len(self.train)
+        n_draw = B
+        if cfg.pruner == "cppo" and cfg.cppo_allocation:
+            n_draw = math.ceil(B / (1 - cfg.completion_prune_rate))
+        keys = self.next_prompt_keys(n_draw)  # the prompts this step covers
+        with timer("prune"):
+            psel = self.pruner.select_prompts(keys, self.history, gen)
+        rolled = [k for k, kept in zip(keys, psel.keep.tolist()) if kept]
+        batch, rewards = self._rollout(rolled, timer)
+        if cfg.pruner == "dapo_filter":  # dynamic sampling: roll out more prompts until B groups are informative
+            for _ in range(cfg.dapo_max_rounds - 1):
+                if int((rewards.max(1).values != rewards.min(1).values).sum()) >= B:
+                    break
+                extra = self.next_prompt_keys(B)
+                keys, rolled = keys + extra, rolled + extra
+                psel = Selection(torch.ones(len(keys), dtype=torch.bool), torch.ones(len(keys), dtype=torch.float64))
+                more, more_r = self._rollout(extra, timer)
+                for f in ("prompt_ids", "completion_ids", "logprobs", "texts", "truncated"):
+                    getattr(batch, f).extend(getattr(more, f))
+                rewards = torch.cat([rewards, more_r])
+        adv = ADVANTAGES[cfg.advantage](rewards, cfg.adv_eps) if rolled else torch.zeros(0, G)  # full groups
+        lengths = [len(c) for c in batch.completion_ids]
+        for j, k in enumerate(rolled):
+            self.history.update(k, rewards[j].tolist(), adv[j].abs().tolist(), lengths[j * G:(j + 1) * G], self.step)
+        with timer("prune"):
+            csel = self.pruner.select_completions(rewards, adv, gen)
+            if cfg.pruner == "dapo_filter":  # keep the first B informative groups
+                csel.keep &= (csel.keep.any(1).cumsum(0) <= B)[:, None]
+            weights, normaliser = self.pruner.loss_weights(psel, csel, G)
+        rows = csel.keep.reshape(-1).nonzero().flatten().tolist()
+        stats = self.update(batch, rows, adv.reshape(-1), weights.float(), normaliser, timer)
         self.engine.sync_weights(self.accelerator.unwrap_model(self.model))
+        extra_stats = self.pruner.after_step(rewards, epoch)
         self.step += 1
-        lens = torch.tensor([len(c) for c in batch.completion_ids], dtype=torch.float)
         timer.times["step"] = time.perf_counter() - t_step
+        n_rolled = max(1, len(rolled))
         return {
-            "step": self.step, "epoch": self.consumed / len(self.train),
-            "reward": rewards.mean().item(), "reward_std": rewards.std(dim=1).mean().item(),
-            "frac_reward_zero_std": zero_std_groups(rewards).float().mean().item(),
-            "kept/prompt_frac": 1.0, "kept/completion_frac": len(rows) / (B * G),
-            "weights/mean": weights.mean().item(), "weights/max": weights.max().item(),
-            "tokens/generated": batch.num_tokens, "completion_length/mean": lens.mean().item(),
-            "throughput/rollout_tokens_per_s": batch.num_tokens / timer.times["rollout"],
-            "completion_length/truncated_frac": sum(batch.truncated) / len(batch.truncated),
-            **stats, "lr": self.sched.get_last_lr()[0],
+            "step": self.step, "epoch": self.consumed / len(self.train), "prompts/covered": len(keys),
+            "reward": rewards.mean().item() if rolled else 0.0,
+            "reward_std": rewards.std(dim=1).mean().item() if rolled else 0.0,
+            "frac_reward_zero_std": zero_std_groups(rewards).float().mean().item() if rolled else 0.0,
+            "kept/prompt_frac": len(rolled) / len(keys), "kept/completion_frac": len(rows) / (n_rolled * G),
+            "weights/mean": weights.mean().item() if rows else 0.0, "weights/max": weights.max().item() if rows else 0.0,
+            "tokens/generated": batch.num_tokens, "completion_length/mean": sum(lengths) / max(1, len(lengths)),
+            "throughput/rollout_tokens_per_s": batch.num_tokens / max(1e-9, timer.times["rollout"]),
+            "completion_length/truncated_frac": sum(batch.truncated) / max(1, len(batch.truncated)),
+            **stats, **extra_stats, "lr": self.sched.get_last_lr()[0],
             **{f"timing_s/{k}": v for k, v in timer.times.items()},
         }
 
@@ -148,6 +188,9 @@ class Trainer:
                normaliser: float, timer: Timer) -> dict:
         """mu inner epochs of `num_minibatches` optimizer steps over the kept `rows`."""
         cfg = self.cfg
+        if not rows:  # everything pruned: no forward, no optimizer step
+            return {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens/trained": 0,
+                    "density/valid_token": 0.0, "throughput/update_tokens_per_s": 0.0}
         p_ids = [batch.prompt_ids[r] for r in rows]
         c_ids = [batch.completion_ids[r] for r in rows]
         adv, n = adv[rows], len(rows)
@@ -219,7 +262,9 @@ class Trainer:
     def save_checkpoint(self) -> None:
         ckpt = self.out / "checkpoints" / f"step_{self.step}"
         self.accelerator.save_state(str(ckpt), safe_serialization=True)
-        (ckpt / "trainer_state.json").write_text(json.dumps({"step": self.step, "consumed": self.consumed}))
+        state = {"step": self.step, "consumed": self.consumed, "history": self.history.state_dict(),
+                 "pruner": self.pruner.state_dict()}
+        (ckpt / "trainer_state.json").write_text(json.dumps(state))
         done = sorted((p for p in ckpt.parent.glob("step_*") if (p / "trainer_state.json").is_file()),
                       key=lambda p: int(p.name.split("_")[1]))
         for old in done[: -self.cfg.keep_checkpoints]:
@@ -237,6 +282,8 @@ class Trainer:
         self.accelerator.load_state(str(done[-1]))
         state = json.loads((done[-1] / "trainer_state.json").read_text())
         self.step, self.consumed = state["step"], state["consumed"]
+        self.history.load_state_dict(state["history"])
+        self.pruner.load_state_dict(state["pruner"])
         if self.metrics_path.exists():
             keep = [ln for ln in self.metrics_path.read_text().splitlines() if json.loads(ln)["step"] <= self.step]
             self.metrics_path.write_text("".join(ln + "\n" for ln in keep))

@@ -54,6 +54,8 @@ def _training_metrics(path):
 @pytest.mark.parametrize("variant", [
     dict(),  # on-policy GRPO: one update per step
     dict(algorithm="dapo", kl_coef=0.05, ppo_epochs=2, num_minibatches=2, micro_batch_size=24),
+    dict(pruner="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5),  # prompt history must survive resume
+    dict(pruner="greso"),
 ])
 def test_resume_after_interruption_reproduces_uninterrupted_run(tmp_path, embedded, variant):
     common = dict(lr=2e-4, max_steps=6, eval_every=3, save_every=2, **SMALL, **variant)
@@ -87,3 +89,38 @@ def test_no_resume_starts_over(tmp_path, embedded):
     tr = Trainer(TrainConfig(output_dir=str(tmp_path), resume=False, **common))
     tr.fit()
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+
+
+def test_zero_rates_reproduce_plain_grpo_exactly(tmp_path, embedded):
+    common = dict(lr=2e-4, max_steps=5, eval_every=5, save_every=1000, **SMALL)
+    Trainer(TrainConfig(output_dir=str(tmp_path / "grpo"), **common)).fit()
+    Trainer(TrainConfig(output_dir=str(tmp_path / "dppo0"), pruner="dppo", prompt_prune_rate=0.0,
+                        completion_prune_rate=0.0, **common)).fit()
+    assert _training_metrics(tmp_path / "grpo" / "metrics.jsonl") == _training_metrics(tmp_path / "dppo0" / "metrics.jsonl")
+
+
+def test_pruned_work_is_never_computed(tmp_path, embedded):
+    """Pruned prompts are not rolled out; pruned completions never reach the old/ref/update passes."""
+    cfg = TrainConfig(output_dir=str(tmp_path), pruner="dppo", prompt_prune_rate=0.7, completion_prune_rate=0.7,
+                      lr=2e-4, max_steps=6, eval_every=1000, save_every=1000, kl_coef=0.05, ppo_epochs=1,
+                      num_minibatches=2, **SMALL)
+    tr = Trainer(cfg)
+    rolled, scored = [], []
+    rollout, score = tr._rollout, tr.update
+
+    def spy_rollout(keys, timer):
+        if keys:
+            rolled.append(len(keys))
+        return rollout(keys, timer)
+
+    def spy_update(batch, rows, *args):
+        scored.append((len(batch.completion_ids), len(rows)))
+        return score(batch, rows, *args)
+    tr._rollout, tr.update = spy_rollout, spy_update
+    tr.fit()
+    m = read_metrics(tmp_path / "metrics.jsonl")[1:]
+    assert rolled == [round(r["kept/prompt_frac"] * r["prompts/covered"]) for r in m if r["kept/prompt_frac"] > 0]
+    assert any(r["kept/prompt_frac"] < 1 for r in m[2:])  # second epoch: zero-variance prompts are candidates
+    assert all(kept == round(r["kept/completion_frac"] * n) for (n, kept), r in zip(scored, m))
+    assert any(kept < n for n, kept in scored)
+    assert all(r["weights/max"] >= 1 for r in m) and any(r["weights/max"] > 1 for r in m)

@@ -1,0 +1,53 @@
+"""Per-prompt history, updated after every rollout of a prompt; read by the prompt stage (SPEC §2)
+and by GRESO. Saved in and restored from checkpoints (plain JSON)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class PromptRecord:
+    visits: int = 0
+    last_step: int = -1
+    reward_mean: float = 0.0
+    reward_std: float = 0.0
+    zero_variance: bool = False  # all G rewards equal at the last visit
+    mean_abs_adv: float = 0.0
+    mean_length: float = 0.0  # mean completion length (tokens) at the last visit
+    easy_streak: int = 0  # most recent consecutive all-correct visits (GRESO's z for easy prompts)
+    hard_streak: int = 0  # most recent consecutive all-wrong visits
+
+
+class PromptHistory:
+    """{prompt key: PromptRecord}; never-seen prompts have no record."""
+
+    def __init__(self):
+        self.records: dict[int, PromptRecord] = {}
+
+    def get(self, key: int) -> PromptRecord | None:
+        return self.records.get(key)
+
+    def update(self, key: int, rewards: list[float], abs_adv: list[float], lengths: list[int], step: int,
+               max_reward: float = 1.0) -> None:
+        """Record one rollout of prompt `key`: its G rewards, |A| and completion lengths."""
+        g = len(rewards)
+        mean = sum(rewards) / g
+        std = (sum((r - mean) ** 2 for r in rewards) / max(1, g - 1)) ** 0.5
+        rec = self.records.setdefault(key, PromptRecord())
+        zero_var = max(rewards) == min(rewards)
+        all_correct = zero_var and mean >= max_reward
+        all_wrong = zero_var and not all_correct
+        rec.visits += 1
+        rec.last_step = step
+        rec.reward_mean, rec.reward_std, rec.zero_variance = mean, std, zero_var
+        rec.mean_abs_adv = sum(abs_adv) / g
+        rec.mean_length = sum(lengths) / g
+        rec.easy_streak = rec.easy_streak + 1 if all_correct else 0
+        rec.hard_streak = rec.hard_streak + 1 if all_wrong else 0
+
+    def state_dict(self) -> dict:
+        return {str(k): asdict(v) for k, v in self.records.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.records = {int(k): PromptRecord(**v) for k, v in state.items()}
