@@ -31,6 +31,10 @@ def _err(capsys, argv):
     (["--clip_low", "1.2"], "clip_low"),
     (["--dataset", "missing.jsonl"], "dataset"),
     (["--no_such_field", "3"], "no_such_field"),
+    (["--pruner", "magic"], "pruner"),
+    (["--prompt_prune_rate", "1.0"], "prompt_prune_rate"),
+    (["--completion_prune_rate", "-0.1"], "completion_prune_rate"),
+    (["--prune_sampling", "poisson"], "prune_sampling"),
 ])
 def test_bad_field_gets_one_line_error(capsys, tmp_path, override, field):
     err = _err(capsys, ["train", "--config", GRPO_YAML, "--output_dir", str(tmp_path), *override])
