@@ -1,7 +1,9 @@
-"""The training loop: it orchestrates, the math lives in `losses`.
+"""The training loop: it orchestrates; the math lives in `losses` and `pruning`.
 
-One step: take B prompts -> rollout G completions each -> rewards -> group advantages ->
-old / reference log-probs -> mu inner epochs of minibatch updates -> sync rollout weights.
+One step: take the B prompts it covers -> prompt stage (pruner) -> rollout G completions for each kept
+prompt -> rewards -> full-group advantages -> completion stage -> old / reference log-probs of the kept
+rows only -> mu inner epochs of minibatch updates with weights and normaliser from the pruner ->
+sync rollout weights.
 Each phase is timed (`timing_s/*`); metrics go to `metrics.jsonl`, checkpoints (safetensors via
 accelerate) to `checkpoints/step_N`, and a run resumes from its newest checkpoint.
 """
@@ -28,7 +30,7 @@ from dppo.model import load_policy
 from dppo.pruning import Selection, make_pruner
 from dppo.reward import math_reward
 from dppo.rollout import RolloutBatch, SamplingParams, make_rollout_engine
-from dppo.scoring import batched_logprobs, completion_logprobs, pad_completions, right_pad
+from dppo.scoring import batched_logprobs, completion_logprobs, pad_completions
 
 
 def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]]:
@@ -214,6 +216,8 @@ class Trainer:
                 perm = torch.randperm(n, generator=gen).tolist() if cfg.num_minibatches > 1 else list(range(n))
                 for mb in range(cfg.num_minibatches):
                     mb_rows = perm[mb::cfg.num_minibatches]
+                    if not mb_rows:  # fewer kept rows than minibatches
+                        continue
                     mb_tokens = sum(len(c_ids[i]) for i in mb_rows)
                     # seq-mean aggregations: the minibatch's share of the step normaliser; token-mean: its tokens
                     mb_norm = mb_tokens if cfg.loss_agg == "token-mean" else normaliser * len(mb_rows) / n
@@ -243,6 +247,7 @@ class Trainer:
                     n_updates += 1
         self.model.eval()
         k = cfg.ppo_epochs
+        n_updates = max(1, n_updates)
         return {"loss": totals["loss"] / n_updates, "kl": totals["kl"] / k, "clip_frac": totals["clip_frac"] / k,
                 "grad_norm": totals["grad_norm"] / n_updates, "tokens/trained": valid // k,
                 "density/valid_token": valid / max(1, slots),
