@@ -74,6 +74,12 @@ class TrainConfig:
     cppo_per_group: bool = _f(True, "CPPO: top-|A| per group (true) or over the whole batch (false).")
     cppo_allocation: bool = _f(True, "CPPO: roll out ceil(B / (1 - P)) prompts per step so ~B*G completions train.")
     dapo_max_rounds: int = _f(4, "DAPO dynamic sampling: at most this many rollout rounds to fill B informative groups.")
+    # ---- packing (SPEC §3)
+    packing: str = _f("none", "Update-phase layout: none (padded micro-batches of micro_batch_size rows) or dense "
+                      "(padding-free rows of pack_capacity tokens, micro-batches of micro_batch_tokens).",
+                      choices=("none", "dense"))
+    pack_capacity: int = _f(1024, "dense packing: tokens per packed row (C).")
+    micro_batch_tokens: int = _f(4096, "dense packing: token budget of one forward/backward.")
     # ---- sampling
     prompts_per_step: int = _f(16, "Prompts per training step (B).")
     group_size: int = _f(8, "Completions per prompt (G), at least 2.")
@@ -115,7 +121,7 @@ class TrainConfig:
         _check(self.group_size >= 2, "group_size", "an integer >= 2", self.group_size)
         for name in ("prompts_per_step", "max_new_tokens", "ppo_epochs", "num_minibatches", "micro_batch_size",
                      "rollout_batch_size", "eval_every", "eval_samples", "save_every", "keep_checkpoints",
-                     "train_size", "eval_size", "dapo_max_rounds"):
+                     "train_size", "eval_size", "dapo_max_rounds", "pack_capacity", "micro_batch_tokens"):
             _check(int(getattr(self, name)) >= 1, name, "an integer >= 1", getattr(self, name))
         for name in ("max_steps", "warmup_steps", "top_k"):
             _check(int(getattr(self, name)) >= 0, name, "an integer >= 0", getattr(self, name))

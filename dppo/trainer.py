@@ -30,7 +30,8 @@ from dppo.model import load_policy
 from dppo.pruning import Selection, make_pruner
 from dppo.reward import math_reward
 from dppo.rollout import RolloutBatch, SamplingParams, make_rollout_engine
-from dppo.scoring import batched_logprobs, completion_logprobs, pad_completions
+from dppo.packing import packed_completion_logprobs
+from dppo.scoring import completion_logprobs, pad_completions
 
 
 def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]]:
@@ -196,17 +197,16 @@ class Trainer:
         p_ids = [batch.prompt_ids[r] for r in rows]
         c_ids = [batch.completion_ids[r] for r in rows]
         adv, n = adv[rows], len(rows)
+        n_tokens = sum(len(c) for c in c_ids)
         on_policy = cfg.ppo_epochs * cfg.num_minibatches == 1
         old_logp = None
         if not on_policy:  # with a single update the ratio is 1 at the update: old = current, detached
             with timer("old_logprob"):
-                old_logp = batched_logprobs(self.model, p_ids, c_ids, self.tok.pad_token_id, cfg.temperature,
-                                            cfg.micro_batch_size)
+                old_logp = self.logprobs_no_grad(self.model, p_ids, c_ids)
         ref_logp = None
         if self.ref_model is not None:
             with timer("ref_logprob"):
-                ref_logp = batched_logprobs(self.ref_model, p_ids, c_ids, self.tok.pad_token_id, cfg.temperature,
-                                            cfg.micro_batch_size)
+                ref_logp = self.logprobs_no_grad(self.ref_model, p_ids, c_ids)
         self.model.train()
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
         totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
@@ -222,10 +222,9 @@ class Trainer:
                     # seq-mean aggregations: the minibatch's share of the step normaliser; token-mean: its tokens
                     mb_norm = mb_tokens if cfg.loss_agg == "token-mean" else normaliser * len(mb_rows) / n
                     self.opt.zero_grad(set_to_none=True)
-                    for s in range(0, len(mb_rows), cfg.micro_batch_size):
-                        idx = mb_rows[s: s + cfg.micro_batch_size]
+                    for idx in self.micro_batches(mb_rows, c_ids, p_ids):
                         mp, mc = [p_ids[i] for i in idx], [c_ids[i] for i in idx]
-                        logp = completion_logprobs(self.model, mp, mc, self.tok.pad_token_id, cfg.temperature)
+                        logp, n_slots = self.score(self.model, mp, mc)
                         mask = pad_completions([torch.ones(len(c)) for c in mc], logp.shape[1])[1]
                         old = logp.detach() if old_logp is None else old_logp[idx, : logp.shape[1]]
                         ref = None if ref_logp is None else ref_logp[idx, : logp.shape[1]]
@@ -235,9 +234,10 @@ class Trainer:
                             kl_coef=cfg.kl_coef, max_len=cfg.max_new_tokens)
                         self.accelerator.backward(loss)
                         totals["loss"] += loss.item()
-                        totals["kl"] += st.get("kl", 0.0) * len(idx) / n
-                        totals["clip_frac"] += st["clip_frac"] * len(idx) / n
-                        slots += len(idx) * max(len(a) + len(b) for a, b in zip(mp, mc))
+                        share = float(mask.sum()) / n_tokens  # token-weighted: independent of micro-batching
+                        totals["kl"] += st.get("kl", 0.0) * share
+                        totals["clip_frac"] += st["clip_frac"] * share
+                        slots += n_slots
                         valid += sum(len(b) for b in mc)
                     if cfg.max_grad_norm > 0:
                         gn = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
@@ -252,6 +252,39 @@ class Trainer:
                 "grad_norm": totals["grad_norm"] / n_updates, "tokens/trained": valid // k,
                 "density/valid_token": valid / max(1, slots),
                 "throughput/update_tokens_per_s": valid / max(1e-9, timer.times["update"])}
+
+    def micro_batches(self, rows: list[int], c_ids: list[list[int]], p_ids: list[list[int]]) -> list[list[int]]:
+        """Padded: `micro_batch_size` rows each. Dense: consecutive rows up to `micro_batch_tokens` tokens."""
+        cfg = self.cfg
+        if cfg.packing == "none":
+            return [rows[s: s + cfg.micro_batch_size] for s in range(0, len(rows), cfg.micro_batch_size)]
+        out, cur, tokens = [], [], 0
+        for i in rows:
+            n = len(p_ids[i]) + len(c_ids[i])
+            if cur and tokens + n > cfg.micro_batch_tokens:
+                out.append(cur)
+                cur, tokens = [], 0
+            cur.append(i)
+            tokens += n
+        return out + ([cur] if cur else [])
+
+    def score(self, model, p_ids: list[list[int]], c_ids: list[list[int]]) -> tuple[torch.Tensor, int]:
+        """(logp [n, Tc], token slots processed) of one micro-batch, padded or densely packed."""
+        cfg = self.cfg
+        if cfg.packing == "dense":
+            return packed_completion_logprobs(model, p_ids, c_ids, self.tok.pad_token_id, cfg.temperature,
+                                              cfg.pack_capacity)
+        logp = completion_logprobs(model, p_ids, c_ids, self.tok.pad_token_id, cfg.temperature)
+        return logp, len(p_ids) * max(len(a) + len(b) for a, b in zip(p_ids, c_ids))
+
+    def logprobs_no_grad(self, model, p_ids: list[list[int]], c_ids: list[list[int]]) -> torch.Tensor:
+        """Old / reference log-probs [N, Tc_max] of the kept rows, in the update's micro-batches."""
+        out = torch.zeros((len(c_ids), max(len(c) for c in c_ids)))
+        with torch.no_grad():
+            for idx in self.micro_batches(list(range(len(c_ids))), c_ids, p_ids):
+                lp, _ = self.score(model, [p_ids[i] for i in idx], [c_ids[i] for i in idx])
+                out[idx, : lp.shape[1]] = lp
+        return out
 
     # ------------------------------------------------------------ eval, checkpoints, loop
     def run_eval(self) -> dict[str, float]:

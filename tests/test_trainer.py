@@ -124,3 +124,16 @@ def test_pruned_work_is_never_computed(tmp_path, embedded):
     assert all(kept == round(r["kept/completion_frac"] * n) for (n, kept), r in zip(scored, m))
     assert any(kept < n for n, kept in scored)
     assert all(r["weights/max"] >= 1 for r in m) and any(r["weights/max"] > 1 for r in m)
+
+
+def test_dense_packing_trains_like_padding_with_denser_batches(tmp_path, embedded):
+    common = dict(lr=2e-4, max_steps=2, eval_every=1000, save_every=1000, pruner="dppo", prompt_prune_rate=0.5,
+                  completion_prune_rate=0.5, kl_coef=0.05, ppo_epochs=2, num_minibatches=2, **SMALL)
+    Trainer(TrainConfig(output_dir=str(tmp_path / "pad"), **common)).fit()
+    Trainer(TrainConfig(output_dir=str(tmp_path / "pack"), packing="dense", pack_capacity=256,
+                        micro_batch_tokens=1024, **common)).fit()
+    pad, pack = read_metrics(tmp_path / "pad" / "metrics.jsonl")[1:], read_metrics(tmp_path / "pack" / "metrics.jsonl")[1:]
+    assert pad[0]["reward"] == pack[0]["reward"] and pad[0]["tokens/trained"] == pack[0]["tokens/trained"]
+    for key in ("loss", "kl", "grad_norm"):
+        assert pack[0][key] == pytest.approx(pad[0][key], rel=1e-4, abs=1e-7), key
+    assert all(b["density/valid_token"] > a["density/valid_token"] for a, b in zip(pad, pack))
