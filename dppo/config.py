@@ -78,7 +78,8 @@ class TrainConfig:
     packing: str = _f("none", "Update-phase layout: none (padded micro-batches of micro_batch_size rows) or dense "
                       "(padding-free rows of pack_capacity tokens, micro-batches of micro_batch_tokens).",
                       choices=("none", "dense"))
-    pack_capacity: int = _f(1024, "dense packing: tokens per packed row (C).")
+    pack_capacity: int = _f(256, "dense packing: tokens per packed row (C). On CPU keep it small (128-256): masked "
+                            "attention costs grow with the row length; with flash-attn varlen on GPU use thousands.")
     micro_batch_tokens: int = _f(4096, "dense packing: token budget of one forward/backward.")
     # ---- sampling
     prompts_per_step: int = _f(16, "Prompts per training step (B).")

@@ -52,7 +52,7 @@ def packed_completion_logprobs(model, prompt_ids: list[list[int]], completion_id
         pos[r, off:] = torch.arange(width - off)  # trailing padding: a block of its own, never read
     logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits  # [rows, width, V]
     tc = max(len(c) for c in completion_ids)
-    rows, cols, tgt_rows, tgt_cols, out_n, out_t = [], [], [], [], [], []
+    rows, cols, out_n, out_t = [], [], [], []
     for i, (r, off) in enumerate(where):
         p, c = len(prompt_ids[i]), len(completion_ids[i])
         t = torch.arange(c)

@@ -111,9 +111,6 @@ class Selection:
     pi: torch.Tensor  # float64 inclusion probability, same shape
 
 
-PRUNERS = ("none", "dppo", "dppo_biased", "cppo", "greso", "dapo_filter")
-
-
 class Pruner:
     """Base class: no pruning. Subclasses override a stage; the trainer calls, per step,
     select_prompts -> rollout -> select_completions -> loss_weights -> after_step."""

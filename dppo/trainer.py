@@ -27,10 +27,10 @@ from dppo.evaluation import evaluate, format_accuracy
 from dppo.history import PromptHistory
 from dppo.losses import ADVANTAGES, policy_objective, zero_std_groups
 from dppo.model import load_policy
+from dppo.packing import packed_completion_logprobs
 from dppo.pruning import Selection, make_pruner
 from dppo.reward import math_reward
 from dppo.rollout import RolloutBatch, SamplingParams, make_rollout_engine
-from dppo.packing import packed_completion_logprobs
 from dppo.scoring import completion_logprobs, pad_completions
 
 
