@@ -116,11 +116,26 @@ class Pruner:
     select_prompts -> rollout -> select_completions -> loss_weights -> after_step."""
 
     weighted = False  # whether loss_weights applies 1/pi
+    refill_rounds = 1  # rollout rounds a step may take (DAPO dynamic sampling refills)
 
     def __init__(self, prompt_rate: float = 0.0, completion_rate: float = 0.0, sampling: str = "bernoulli",
-                 prompt_rule: str = "zero_variance", abs_adv_threshold: float = 0.0, cppo_per_group: bool = True):
+                 prompt_rule: str = "zero_variance", abs_adv_threshold: float = 0.0, cppo_per_group: bool = True,
+                 cppo_allocation: bool = True, dapo_max_rounds: int = 4):
         self.prompt_rate, self.completion_rate, self.sampling = prompt_rate, completion_rate, sampling
         self.prompt_rule, self.abs_adv_threshold, self.cppo_per_group = prompt_rule, abs_adv_threshold, cppo_per_group
+        self.cppo_allocation, self.dapo_max_rounds = cppo_allocation, dapo_max_rounds
+
+    def prompts_to_cover(self, batch_prompts: int) -> int:
+        """How many prompts a step takes from the data stream (B; CPPO's allocation takes more)."""
+        return batch_prompts
+
+    def needs_refill(self, rewards: torch.Tensor, batch_prompts: int) -> bool:
+        """Whether to roll out another round of prompts (only DAPO dynamic sampling does)."""
+        return False
+
+    def limit(self, keep: torch.Tensor, batch_prompts: int) -> torch.Tensor:
+        """Final cap on the kept [B', G] rows (DAPO trains at most B groups)."""
+        return keep
 
     def prompt_candidates(self, keys: list[int], history) -> torch.Tensor:
         """[B] bool from history: zero-variance group at the last visit (or mean |A| below the
@@ -184,6 +199,11 @@ class BiasedDPPO(DPPO):
 class CPPO(Pruner):
     """CPPO: keep the top ceil((1-P) G) |A| completions per group (or per batch); no weights."""
 
+    def prompts_to_cover(self, batch_prompts):
+        if not self.cppo_allocation:
+            return batch_prompts
+        return math.ceil(batch_prompts / (1 - self.completion_rate))  # refill to ~B*G trained completions
+
     def select_completions(self, rewards, adv, gen):
         keep = cppo_keep(adv, self.completion_rate, self.cppo_per_group)
         return Selection(keep, torch.ones_like(adv, dtype=torch.float64))
@@ -222,11 +242,22 @@ class GRESO(Pruner):
 
 
 class DAPOFilter(Pruner):
-    """DAPO dynamic sampling: drop zero-variance groups (the trainer refills); no weights."""
+    """DAPO dynamic sampling: drop zero-variance groups, roll out more prompts until B groups are
+    informative (at most `dapo_max_rounds` rounds), train the first B; no weights."""
+
+    @property
+    def refill_rounds(self):
+        return self.dapo_max_rounds
+
+    def needs_refill(self, rewards, batch_prompts):
+        return int((rewards.max(1).values != rewards.min(1).values).sum()) < batch_prompts
 
     def select_completions(self, rewards, adv, gen):
         informative = (rewards.max(1).values != rewards.min(1).values)[:, None].expand_as(adv)
         return Selection(informative.clone(), torch.ones_like(adv, dtype=torch.float64))
+
+    def limit(self, keep, batch_prompts):
+        return keep & (keep.any(1).cumsum(0) <= batch_prompts)[:, None]
 
 
 def make_pruner(name: str, **kw) -> Pruner:

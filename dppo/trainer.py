@@ -99,7 +99,8 @@ class Trainer:
         self.pruner = make_pruner(cfg.pruner, prompt_rate=cfg.prompt_prune_rate,
                                   completion_rate=cfg.completion_prune_rate, sampling=cfg.prune_sampling,
                                   prompt_rule=cfg.prompt_candidate_rule, abs_adv_threshold=cfg.abs_adv_threshold,
-                                  cppo_per_group=cfg.cppo_per_group)
+                                  cppo_per_group=cfg.cppo_per_group, cppo_allocation=cfg.cppo_allocation,
+                                  dapo_max_rounds=cfg.dapo_max_rounds)
         self.metrics_path = self.out / "metrics.jsonl"
 
     # ------------------------------------------------------------ data order
@@ -138,33 +139,31 @@ class Trainer:
         B, G = cfg.prompts_per_step, cfg.group_size
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * self.step + 1)  # masks: own stream
         epoch = self.consumed // len(self.train)
-        n_draw = B
-        if cfg.pruner == "cppo" and cfg.cppo_allocation:
-            n_draw = math.ceil(B / (1 - cfg.completion_prune_rate))
-        keys = self.next_prompt_keys(n_draw)  # the prompts this step covers
+        keys = self.next_prompt_keys(self.pruner.prompts_to_cover(B))  # the prompts this step covers
         with timer("prune"):
             psel = self.pruner.select_prompts(keys, self.history, gen)
         rolled = [k for k, kept in zip(keys, psel.keep.tolist()) if kept]
         batch, rewards = self._rollout(rolled, timer)
-        if cfg.pruner == "dapo_filter":  # dynamic sampling: roll out more prompts until B groups are informative
-            for _ in range(cfg.dapo_max_rounds - 1):
-                if int((rewards.max(1).values != rewards.min(1).values).sum()) >= B:
-                    break
-                extra = self.next_prompt_keys(B)
-                keys, rolled = keys + extra, rolled + extra
-                psel = Selection(torch.ones(len(keys), dtype=torch.bool), torch.ones(len(keys), dtype=torch.float64))
-                more, more_r = self._rollout(extra, timer)
-                for f in ("prompt_ids", "completion_ids", "logprobs", "texts", "truncated"):
-                    getattr(batch, f).extend(getattr(more, f))
-                rewards = torch.cat([rewards, more_r])
+        for _ in range(self.pruner.refill_rounds - 1):  # e.g. DAPO dynamic sampling
+            if not self.pruner.needs_refill(rewards, B):
+                break
+            extra = self.next_prompt_keys(B)
+            with timer("prune"):
+                esel = self.pruner.select_prompts(extra, self.history, gen)
+            extra_rolled = [k for k, kept in zip(extra, esel.keep.tolist()) if kept]
+            more, more_r = self._rollout(extra_rolled, timer)
+            keys, rolled = keys + extra, rolled + extra_rolled
+            psel = Selection(torch.cat([psel.keep, esel.keep]), torch.cat([psel.pi, esel.pi]))
+            for f in ("prompt_ids", "completion_ids", "logprobs", "texts", "truncated"):
+                getattr(batch, f).extend(getattr(more, f))
+            rewards = torch.cat([rewards, more_r])
         adv = ADVANTAGES[cfg.advantage](rewards, cfg.adv_eps) if rolled else torch.zeros(0, G)  # full groups
         lengths = [len(c) for c in batch.completion_ids]
         for j, k in enumerate(rolled):
             self.history.update(k, rewards[j].tolist(), adv[j].abs().tolist(), lengths[j * G:(j + 1) * G], self.step)
         with timer("prune"):
             csel = self.pruner.select_completions(rewards, adv, gen)
-            if cfg.pruner == "dapo_filter":  # keep the first B informative groups
-                csel.keep &= (csel.keep.any(1).cumsum(0) <= B)[:, None]
+            csel.keep = self.pruner.limit(csel.keep, B)
             weights, normaliser = self.pruner.loss_weights(psel, csel, G)
         rows = csel.keep.reshape(-1).nonzero().flatten().tolist()
         stats = self.update(batch, rows, adv.reshape(-1), weights.float(), normaliser, timer)

@@ -137,3 +137,19 @@ def test_dense_packing_trains_like_padding_with_denser_batches(tmp_path, embedde
     for key in ("loss", "kl", "grad_norm"):
         assert pack[0][key] == pytest.approx(pad[0][key], rel=1e-4, abs=1e-7), key
     assert all(b["density/valid_token"] > a["density/valid_token"] for a, b in zip(pad, pack))
+
+
+@pytest.mark.parametrize("pruner", ["cppo", "dapo_filter"])
+def test_cppo_allocation_and_dapo_refill(tmp_path, embedded, pruner):
+    cfg = TrainConfig(output_dir=str(tmp_path), pruner=pruner, completion_prune_rate=0.5 if pruner == "cppo" else 0.0,
+                      lr=2e-4, max_steps=3, eval_every=1000, save_every=1000, **SMALL)
+    Trainer(cfg).fit()
+    m = read_metrics(tmp_path / "metrics.jsonl")[1:]
+    B, G = cfg.prompts_per_step, cfg.group_size
+    for r in m:
+        kept_rows = round(r["kept/completion_frac"] * r["prompts/covered"] * r["kept/prompt_frac"] * G)
+        if pruner == "cppo":  # allocation: ceil(B / (1 - P)) prompts, top half of each group trains
+            assert r["prompts/covered"] == 16 and kept_rows == 16 * G // 2 and r["weights/max"] == 1.0
+        else:  # refill in rounds of B prompts; at most B informative groups train, unweighted
+            assert r["prompts/covered"] % B == 0 and B <= r["prompts/covered"] <= cfg.dapo_max_rounds * B
+            assert kept_rows <= B * G and kept_rows % G == 0 and r["weights/max"] in (0.0, 1.0)
