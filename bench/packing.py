@@ -1,0 +1,85 @@
+"""Padded vs densely packed update on the same kept sequences of a real DPPO step (SPEC §3).
+
+    python bench/packing.py [--capacity 128 256 512 1024] [--reps 5]
+
+Takes one DPPO step's kept rows from the embedded policy (r_q = r_o = 0.5, after one warm-up step so
+that the prompt history has candidates), then times forward+backward of the weighted log-prob loss
+padded (micro-batches of 64 rows) and packed (rows of C tokens), side by side in one run, and prints
+valid-token density (completion tokens / slots), non-padding density (all real tokens / slots),
+update tokens/s and the speed ratio to padded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import torch
+
+from dppo.config import TrainConfig
+from dppo.packing import packed_completion_logprobs
+from dppo.scoring import completion_logprobs
+from dppo.trainer import Trainer
+
+
+def kept_rows():
+    """(prompt ids, completion ids) of the rows a real DPPO step trains on."""
+    with tempfile.TemporaryDirectory() as d:
+        cfg = TrainConfig(output_dir=d, pruner="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5,
+                          train_size=32, max_steps=3, eval_every=1000, save_every=1000, eval_size=2, eval_samples=1)
+        tr = Trainer(cfg)
+        captured = {}
+        update = tr.update
+
+        def spy(batch, rows, *args):
+            captured["p"] = [batch.prompt_ids[r] for r in rows]
+            captured["c"] = [batch.completion_ids[r] for r in rows]
+            return update(batch, rows, *args)
+        tr.update = spy
+        tr.fit()
+        return tr.model, tr.tok, captured["p"], captured["c"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--capacity", type=int, nargs="+", default=[128, 256, 512, 1024])
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    model, tok, p, c = kept_rows()
+    pad = tok.pad_token_id
+    comp_tokens, all_tokens = sum(map(len, c)), sum(map(len, p)) + sum(map(len, c))
+    weights = torch.rand(len(c), generator=torch.Generator().manual_seed(0))
+
+    def timed(fn):
+        t0 = time.perf_counter()
+        for _ in range(args.reps):
+            model.zero_grad(set_to_none=True)
+            slots = fn()
+        return (time.perf_counter() - t0) / args.reps, slots
+
+    def padded():
+        slots = 0
+        for s in range(0, len(c), 64):
+            lp = completion_logprobs(model, p[s:s + 64], c[s:s + 64], pad)
+            (lp.sum(1) * weights[s:s + 64]).sum().backward()
+            slots += len(lp) * max(len(a) + len(b) for a, b in zip(p[s:s + 64], c[s:s + 64]))
+        return slots
+
+    def packed(cap):
+        lp, slots = packed_completion_logprobs(model, p, c, pad, 1.0, cap)
+        (lp.sum(1) * weights).sum().backward()
+        return slots
+
+    print(f"{len(c)} kept rows, {comp_tokens} completion tokens, {all_tokens} tokens in all")
+    print(f"{'layout':<16}{'valid density':>14}{'non-pad density':>17}{'update tok/s':>14}{'speed vs padded':>17}")
+    base_t, base_slots = timed(padded)
+    rows = [("padded", base_t, base_slots)] + [(f"packed C={cap}", *timed(lambda cap=cap: packed(cap)))
+                                               for cap in args.capacity]
+    for name, t, slots in rows:
+        print(f"{name:<16}{comp_tokens / slots:>14.3f}{all_tokens / slots:>17.3f}{comp_tokens / t:>14,.0f}"
+              f"{base_t / t:>16.2f}x")
+
+
+if __name__ == "__main__":
+    main()
