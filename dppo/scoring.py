@@ -54,16 +54,3 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
     target = ids.gather(1, (pos + 1).clamp(max=ids.shape[1] - 1))  # [N, Tc]
     logp = torch.log_softmax(sel, dim=-1).gather(-1, target[:, :, None]).squeeze(-1)
     return logp * valid
-
-
-def batched_logprobs(model, prompt_ids, completion_ids, pad_id: int, temperature: float,
-                     micro_batch_size: int) -> torch.Tensor:
-    """`completion_logprobs` in micro-batches without gradients; [N, Tc_max]."""
-    tc = max(len(c) for c in completion_ids)
-    out = torch.zeros((len(completion_ids), tc))
-    with torch.no_grad():
-        for s in range(0, len(completion_ids), micro_batch_size):
-            lp = completion_logprobs(model, prompt_ids[s: s + micro_batch_size],
-                                     completion_ids[s: s + micro_batch_size], pad_id, temperature)
-            out[s: s + lp.shape[0], : lp.shape[1]] = lp
-    return out

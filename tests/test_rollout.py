@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dppo.rollout import HFRollout, SamplingParams
-from dppo.scoring import batched_logprobs, completion_logprobs
+from dppo.scoring import completion_logprobs
 from dppo.task import make_train
 
 
@@ -12,8 +12,8 @@ def _worst_logprob_gap(model, tok, prompts, temperature, n=4):
     batch = HFRollout(model, tok, batch_size=64).generate(
         prompts, SamplingParams(n=n, temperature=temperature, max_new_tokens=48))
     assert all(c[-1] == tok.eos_token_id or t for c, t in zip(batch.completion_ids, batch.truncated))
-    recomputed = batched_logprobs(model, batch.prompt_ids, batch.completion_ids, tok.pad_token_id, temperature,
-                                  micro_batch_size=16)
+    with torch.no_grad():  # the trainer's padded scoring pass
+        recomputed = completion_logprobs(model, batch.prompt_ids, batch.completion_ids, tok.pad_token_id, temperature)
     assert all(torch.all(recomputed[i, len(lp):] == 0) for i, lp in enumerate(batch.logprobs))
     return max((recomputed[i, : len(lp)] - lp).abs().max().item() for i, lp in enumerate(batch.logprobs))
 
