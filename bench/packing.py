@@ -1,12 +1,13 @@
 """Padded vs densely packed update on the same kept sequences of a real DPPO step (SPEC §3).
 
-    python bench/packing.py [--capacity 128 256 512 1024] [--reps 5]
+    python bench/packing.py [--capacity 128 256 512 1024] [--reps 5] [--csv OUT.csv] [--smoke]
 
 Takes one DPPO step's kept rows from the embedded policy (r_q = r_o = 0.5, after one warm-up step so
 that the prompt history has candidates), then times forward+backward of the weighted log-prob loss
-padded (micro-batches of 64 rows) and packed (rows of C tokens), side by side in one run, and prints
-valid-token density (completion tokens / slots), non-padding density (all real tokens / slots),
-update tokens/s and the speed ratio to padded.
+padded (micro-batches of 64 rows) and packed (rows of at most C tokens), side by side in one run, and
+prints valid-token density (real, non-padding tokens / token slots processed: the `density/valid_token`
+metric), loss-token density (completion tokens / slots: the share of slots whose logit enters the loss),
+update tokens/s (completion tokens trained per second) and the speed ratio to padded.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from dppo.scoring import completion_logprobs
 from dppo.trainer import Trainer
 
 
-def kept_rows():
+def kept_rows(prompts_per_step: int = 16):
     """(prompt ids, completion ids) of the rows a real DPPO step trains on."""
     with tempfile.TemporaryDirectory() as d:
         cfg = TrainConfig(output_dir=d, pruner="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5,
-                          train_size=32, max_steps=3, eval_every=1000, save_every=1000, eval_size=2, eval_samples=1)
+                          train_size=2 * prompts_per_step, prompts_per_step=prompts_per_step, max_steps=3,
+                          eval_every=1000, save_every=1000, eval_size=2, eval_samples=1)
         tr = Trainer(cfg)
         captured = {}
         update = tr.update
@@ -45,8 +47,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--capacity", type=int, nargs="+", default=[128, 256, 512, 1024])
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--csv", help="also write the table here")
+    ap.add_argument("--smoke", action="store_true", help="a tiny step (tests)")
     args = ap.parse_args()
-    model, tok, p, c = kept_rows()
+    model, tok, p, c = kept_rows(4 if args.smoke else 16)
     pad = tok.pad_token_id
     comp_tokens, all_tokens = sum(map(len, c)), sum(map(len, p)) + sum(map(len, c))
     weights = torch.rand(len(c), generator=torch.Generator().manual_seed(0))
@@ -72,13 +76,20 @@ def main() -> None:
         return slots
 
     print(f"{len(c)} kept rows, {comp_tokens} completion tokens, {all_tokens} tokens in all")
-    print(f"{'layout':<16}{'valid density':>14}{'non-pad density':>17}{'update tok/s':>14}{'speed vs padded':>17}")
+    print(f"{'layout':<16}{'valid-token density':>20}{'loss-token density':>19}{'update tok/s':>14}"
+          f"{'speed vs padded':>17}")
     base_t, base_slots = timed(padded)
     rows = [("padded", base_t, base_slots)] + [(f"packed C={cap}", *timed(lambda cap=cap: packed(cap)))
                                                for cap in args.capacity]
-    for name, t, slots in rows:
-        print(f"{name:<16}{comp_tokens / slots:>14.3f}{all_tokens / slots:>17.3f}{comp_tokens / t:>14,.0f}"
-              f"{base_t / t:>16.2f}x")
+    table = [{"layout": name, "valid_token_density": all_tokens / slots, "loss_token_density": comp_tokens / slots,
+              "update_tokens_per_s": comp_tokens / t, "speedup_vs_padded": base_t / t} for name, t, slots in rows]
+    for r in table:
+        print(f"{r['layout']:<16}{r['valid_token_density']:>20.3f}{r['loss_token_density']:>19.3f}"
+              f"{r['update_tokens_per_s']:>14,.0f}{r['speedup_vs_padded']:>16.2f}x")
+    if args.csv:
+        import pandas as pd
+
+        pd.DataFrame(table).to_csv(args.csv, index=False)
 
 
 if __name__ == "__main__":

@@ -81,6 +81,15 @@ class TrainConfig:
     pack_capacity: int = _f(256, "dense packing: tokens per packed row (C). On CPU keep it small (128-256): masked "
                             "attention costs grow with the row length; with flash-attn varlen on GPU use thousands.")
     micro_batch_tokens: int = _f(4096, "dense packing: token budget of one forward/backward.")
+    refill: str = _f("none", "Step composition (SPEC §3.1): none = each step covers the next prompts_per_step "
+                     "prompts; prompts / tokens = cover prompts from a look-ahead window, longest first, until "
+                     "the expected rolled-out prompts (prompts_per_step) or generated tokens "
+                     "(rollout_token_budget) fill the step, so pruned prompts are replaced and an epoch takes "
+                     "fewer steps. Exactly unbiased (the covered set is fixed before the masks are drawn).",
+                     choices=("none", "prompts", "tokens"))
+    refill_window: int = _f(0, "Look-ahead window W of refill, in prompts (0 = 2 x prompts_per_step).")
+    rollout_token_budget: int = _f(0, "refill=tokens: expected completion tokens generated per step (0 = "
+                                   "prompts_per_step x group_size x the mean completion length so far).")
     # ---- sampling
     prompts_per_step: int = _f(16, "Prompts per training step (B).")
     group_size: int = _f(8, "Completions per prompt (G), at least 2.")
@@ -124,13 +133,17 @@ class TrainConfig:
                      "rollout_batch_size", "eval_every", "eval_samples", "save_every", "keep_checkpoints",
                      "train_size", "eval_size", "dapo_max_rounds", "pack_capacity", "micro_batch_tokens"):
             _check(int(getattr(self, name)) >= 1, name, "an integer >= 1", getattr(self, name))
-        for name in ("max_steps", "warmup_steps", "top_k"):
+        for name in ("max_steps", "warmup_steps", "top_k", "refill_window", "rollout_token_budget"):
             _check(int(getattr(self, name)) >= 0, name, "an integer >= 0", getattr(self, name))
         for name in ("lr", "temperature", "eval_temperature", "epochs"):
             _check(float(getattr(self, name)) > 0, name, "a number > 0", getattr(self, name))
         for name in ("kl_coef", "weight_decay", "max_grad_norm", "adv_eps"):
             _check(float(getattr(self, name)) >= 0, name, "a number >= 0", getattr(self, name))
         _check(0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
+        _check(self.refill_window == 0 or self.refill_window >= self.prompts_per_step, "refill_window",
+               f"0 or at least prompts_per_step ({self.prompts_per_step})", self.refill_window)
+        _check(self.refill == "none" or self.pruner != "dapo_filter", "refill",
+               "'none' with pruner dapo_filter (DAPO refills by its own rounds)", self.refill)
         for name in ("prompt_prune_rate", "completion_prune_rate"):
             _check(0 <= float(getattr(self, name)) < 1, name, "a number in [0, 1)", getattr(self, name))
         _check(0 <= self.clip_low < 1, "clip_low", "a number in [0, 1)", self.clip_low)

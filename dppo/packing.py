@@ -31,13 +31,27 @@ def best_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+def pack_rows(lengths: list[int], capacity: int, step: int = 8) -> list[list[int]]:
+    """Best-fit-decreasing bins for the row width w <= capacity that processes the fewest token slots,
+    rows x (fullest row): w runs from max(longest item, capacity / 2) to capacity in `step`s. A fixed
+    w = capacity often leaves every row a few tokens short of the widest one; the search recovers them."""
+    lo = max(max(lengths), capacity // 2)
+    best, best_slots = None, None
+    for width in sorted({*range(lo, capacity + 1, step), max(lo, capacity)}):
+        bins = best_fit_decreasing(lengths, width)
+        slots = len(bins) * max(sum(lengths[i] for i in b) for b in bins)
+        if best_slots is None or slots < best_slots:
+            best, best_slots = bins, slots
+    return best
+
+
 def packed_completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
                                temperature: float, capacity: int) -> tuple[torch.Tensor, int]:
     """(logp [N, Tc] of each completion token in the input order, token slots processed).
 
     One forward over the packed rows; gradients flow when called outside `torch.no_grad()`."""
     lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
-    bins = best_fit_decreasing(lengths, capacity)
+    bins = pack_rows(lengths, capacity)
     width = max(sum(lengths[i] for i in b) for b in bins)
     ids = torch.full((len(bins), width), pad_id, dtype=torch.long)
     pos = torch.zeros((len(bins), width), dtype=torch.long)

@@ -21,30 +21,36 @@ import torch
 SAMPLING_MODES = ("bernoulli", "fixed_count")
 
 
-def draw_keep_mask(candidates: torch.Tensor, rate: float, mode: str, gen: torch.Generator
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """keep [n] bool and inclusion probability pi [n] float64 for candidates [n] bool at prune rate r."""
+def inclusion_probs(candidates: torch.Tensor, rate: float, mode: str) -> torch.Tensor:
+    """pi (float64, same shape): 1 - r (bernoulli) or (n - floor(r n)) / n (fixed_count, n = candidate
+    count) for candidates, 1 for the others."""
     if not 0.0 <= rate < 1.0:
         raise ValueError(f"prune rate must be in [0, 1), got {rate}")
     if mode not in SAMPLING_MODES:
         raise ValueError(f"prune_sampling must be one of {list(SAMPLING_MODES)}, got {mode!r}")
-    n = candidates.numel()
-    keep = torch.ones(n, dtype=torch.bool)
-    pi = torch.ones(n, dtype=torch.float64)
+    n_cand = int(candidates.sum())
+    if mode == "bernoulli":
+        p = 1.0 - rate
+    else:
+        p = (n_cand - math.floor(rate * n_cand)) / max(1, n_cand)
+    pi = torch.ones(candidates.shape, dtype=torch.float64)
+    pi[candidates] = p
+    return pi
+
+
+def draw_keep_mask(candidates: torch.Tensor, rate: float, mode: str, gen: torch.Generator
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """keep [n] bool and inclusion probability pi [n] float64 for candidates [n] bool at prune rate r."""
+    pi = inclusion_probs(candidates, rate, mode)
+    keep = torch.ones(candidates.numel(), dtype=torch.bool)
     cand_idx = candidates.reshape(-1).nonzero().flatten()
     n_cand = cand_idx.numel()
-    if n_cand == 0 or rate == 0.0:
-        return keep.view_as(candidates), pi.view(candidates.shape)
-    if mode == "bernoulli":
-        u = torch.rand(n_cand, generator=gen, dtype=torch.float64)
-        keep[cand_idx] = u >= rate  # P(keep) = 1 - r
-        pi[cand_idx] = 1.0 - rate
-    else:
-        k = math.floor(rate * n_cand)
-        drop = cand_idx[torch.randperm(n_cand, generator=gen)[:k]]
-        keep[drop] = False
-        pi[cand_idx] = (n_cand - k) / n_cand
-    return keep.view_as(candidates), pi.view(candidates.shape)
+    if n_cand and rate > 0.0:
+        if mode == "bernoulli":
+            keep[cand_idx] = torch.rand(n_cand, generator=gen, dtype=torch.float64) >= rate  # P(keep) = 1 - r
+        else:
+            keep[cand_idx[torch.randperm(n_cand, generator=gen)[:math.floor(rate * n_cand)]]] = False
+    return keep.view_as(candidates), pi
 
 
 def completion_candidates(adv: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
@@ -148,6 +154,11 @@ class Pruner:
                     else rec.mean_abs_adv < self.abs_adv_threshold
         return out
 
+    def prompt_inclusion(self, keys: list[int], history) -> torch.Tensor:
+        """pi_q [len(keys)] float64 the prompt stage would use for this set, without drawing (step
+        composition budgets with it, SPEC §3.1)."""
+        return torch.ones(len(keys), dtype=torch.float64)
+
     def select_prompts(self, keys: list[int], history, gen: torch.Generator) -> Selection:
         n = len(keys)
         return Selection(torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=torch.float64))
@@ -181,6 +192,9 @@ class NoPruner(Pruner):
 class DPPO(Pruner):
     """Dynamic Pruning Policy Optimization: random inclusion at both stages, 1/pi weights."""
     weighted = True
+
+    def prompt_inclusion(self, keys, history):
+        return inclusion_probs(self.prompt_candidates(keys, history), self.prompt_rate, self.sampling)
 
     def select_prompts(self, keys, history, gen):
         keep, pi = draw_keep_mask(self.prompt_candidates(keys, history), self.prompt_rate, self.sampling, gen)
@@ -217,14 +231,18 @@ class GRESO(Pruner):
         super().__init__(**kw)
         self.state = GresoState()
 
-    def select_prompts(self, keys, history, gen):
+    def prompt_inclusion(self, keys, history):
         skip = torch.zeros(len(keys), dtype=torch.float64)
         for j, k in enumerate(keys):
             rec = history.get(k)
             if rec is not None:
                 skip[j] = self.state.skip_prob(rec.easy_streak, rec.hard_streak)
-        keep = torch.rand(len(keys), generator=gen, dtype=torch.float64) >= skip
-        return Selection(keep, 1.0 - skip)
+        return 1.0 - skip
+
+    def select_prompts(self, keys, history, gen):
+        pi = self.prompt_inclusion(keys, history)
+        keep = torch.rand(len(keys), generator=gen, dtype=torch.float64) >= 1.0 - pi  # skip w.p. 1 - pi
+        return Selection(keep, pi)
 
     def after_step(self, rolled_rewards, epoch):
         if rolled_rewards.numel() and epoch > 0:

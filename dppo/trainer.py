@@ -1,9 +1,9 @@
 """The training loop: it orchestrates; the math lives in `losses` and `pruning`.
 
-One step: take the B prompts it covers -> prompt stage (pruner) -> rollout G completions for each kept
-prompt -> rewards -> full-group advantages -> completion stage -> old / reference log-probs of the kept
-rows only -> mu inner epochs of minibatch updates with weights and normaliser from the pruner ->
-sync rollout weights.
+One step: the prompts it covers (`dppo.composition`: the next B, or refilled from a look-ahead window)
+-> prompt stage (pruner) -> rollout G completions for each kept prompt -> rewards -> full-group
+advantages -> completion stage -> old / reference log-probs of the kept rows only -> mu inner epochs of
+minibatch updates with weights and normaliser from the pruner -> sync rollout weights.
 Each phase is timed (`timing_s/*`); metrics go to `metrics.jsonl`, checkpoints (safetensors via
 accelerate) to `checkpoints/step_N`, and a run resumes from its newest checkpoint.
 """
@@ -11,7 +11,6 @@ accelerate) to `checkpoints/step_N`, and a run resumes from its newest checkpoin
 from __future__ import annotations
 
 import json
-import math
 import random
 import shutil
 import time
@@ -21,13 +20,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from dppo.composition import PromptStream, StepComposer, prompt_limit
 from dppo.config import TrainConfig
 from dppo.data import Problem, load_problems, with_chat_template
 from dppo.evaluation import evaluate, format_accuracy
 from dppo.history import PromptHistory
 from dppo.losses import ADVANTAGES, policy_objective, zero_std_groups
 from dppo.model import load_policy
-from dppo.packing import packed_completion_logprobs
+from dppo.packing import pack_rows, packed_completion_logprobs
 from dppo.pruning import Selection, make_pruner
 from dppo.reward import math_reward
 from dppo.rollout import RolloutBatch, SamplingParams, make_rollout_engine
@@ -90,11 +90,10 @@ class Trainer:
                                           cfg.rollout_batch_size)
         self.sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
                                        top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens)
-        self.total_steps = math.ceil(cfg.epochs * len(self.train) / cfg.prompts_per_step)
-        if cfg.max_steps:
-            self.total_steps = min(self.total_steps, cfg.max_steps)
-        self.step, self.consumed = 0, 0  # steps done, prompts consumed so far
-        self._orders: dict[int, list[int]] = {}
+        self.step = 0
+        self.composer = StepComposer(PromptStream(len(self.train), cfg.seed, prompt_limit(cfg.epochs, len(self.train))),
+                                     cfg.refill, cfg.refill_window or 2 * cfg.prompts_per_step, cfg.group_size,
+                                     cfg.rollout_token_budget, default_length=cfg.max_new_tokens / 2)
         self.history = PromptHistory()
         self.pruner = make_pruner(cfg.pruner, prompt_rate=cfg.prompt_prune_rate,
                                   completion_rate=cfg.completion_prune_rate, sampling=cfg.prune_sampling,
@@ -104,20 +103,13 @@ class Trainer:
         self.metrics_path = self.out / "metrics.jsonl"
 
     # ------------------------------------------------------------ data order
-    def _order(self, epoch: int) -> list[int]:
-        """The seeded permutation of the training prompts for `epoch` (cached)."""
-        if epoch not in self._orders:
-            idx = list(range(len(self.train)))
-            random.Random(f"{self.cfg.seed}:epoch{epoch}").shuffle(idx)
-            self._orders = {epoch: idx}
-        return self._orders[epoch]
+    def finished(self) -> bool:
+        """All epochs covered, or max_steps reached."""
+        return self.composer.finished() or bool(self.cfg.max_steps and self.step >= self.cfg.max_steps)
 
-    def next_prompt_keys(self, n: int) -> list[int]:
-        """Indices of the next `n` prompts of the seeded per-epoch order (a step may straddle epochs)."""
-        size = len(self.train)
-        keys = [self._order(c // size)[c % size] for c in range(self.consumed, self.consumed + n)]
-        self.consumed += n
-        return keys
+    @property
+    def epoch_progress(self) -> float:
+        return self.composer.covered / len(self.train)
 
     def _rollout(self, keys: list[int], timer: Timer) -> tuple[RolloutBatch, torch.Tensor]:
         """Rollout of G completions for each prompt key, and their rewards [len(keys), G]."""
@@ -138,8 +130,8 @@ class Trainer:
         t_step = time.perf_counter()
         B, G = cfg.prompts_per_step, cfg.group_size
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * self.step + 1)  # masks: own stream
-        epoch = self.consumed // len(self.train)
-        keys = self.next_prompt_keys(self.pruner.prompts_to_cover(B))  # the prompts this step covers
+        epoch = self.composer.covered // len(self.train)
+        keys = self.composer.next_keys(self.pruner.prompts_to_cover(B), self.history, self.pruner)  # covered
         with timer("prune"):
             psel = self.pruner.select_prompts(keys, self.history, gen)
         rolled = [k for k, kept in zip(keys, psel.keep.tolist()) if kept]
@@ -147,7 +139,7 @@ class Trainer:
         for _ in range(self.pruner.refill_rounds - 1):  # e.g. DAPO dynamic sampling
             if not self.pruner.needs_refill(rewards, B):
                 break
-            extra = self.next_prompt_keys(B)
+            extra = self.composer.stream.take(B)
             with timer("prune"):
                 esel = self.pruner.select_prompts(extra, self.history, gen)
             extra_rolled = [k for k, kept in zip(extra, esel.keep.tolist()) if kept]
@@ -173,7 +165,8 @@ class Trainer:
         timer.times["step"] = time.perf_counter() - t_step
         n_rolled = max(1, len(rolled))
         return {
-            "step": self.step, "epoch": self.consumed / len(self.train), "prompts/covered": len(keys),
+            "step": self.step, "epoch": self.epoch_progress, "prompts/covered": len(keys),
+            "prompts/window": len(self.composer.window),
             "reward": rewards.mean().item() if rolled else 0.0,
             "reward_std": rewards.std(dim=1).mean().item() if rolled else 0.0,
             "frac_reward_zero_std": zero_std_groups(rewards).float().mean().item() if rolled else 0.0,
@@ -192,7 +185,7 @@ class Trainer:
         cfg = self.cfg
         if not rows:  # everything pruned: no forward, no optimizer step
             return {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens/trained": 0,
-                    "density/valid_token": 0.0, "throughput/update_tokens_per_s": 0.0}
+                    "density/valid_token": 0.0, "density/loss_token": 0.0, "throughput/update_tokens_per_s": 0.0}
         p_ids = [batch.prompt_ids[r] for r in rows]
         c_ids = [batch.completion_ids[r] for r in rows]
         adv, n = adv[rows], len(rows)
@@ -209,7 +202,7 @@ class Trainer:
         self.model.train()
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
         totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
-        n_updates, slots, valid = 0, 0, 0
+        n_updates, slots, valid, real = 0, 0, 0, 0  # token slots processed, completion tokens, non-pad tokens
         with timer("update"):
             for _ in range(cfg.ppo_epochs):
                 perm = torch.randperm(n, generator=gen).tolist() if cfg.num_minibatches > 1 else list(range(n))
@@ -238,6 +231,7 @@ class Trainer:
                         totals["clip_frac"] += st["clip_frac"] * share
                         slots += n_slots
                         valid += sum(len(b) for b in mc)
+                        real += sum(len(a) + len(b) for a, b in zip(mp, mc))
                     if cfg.max_grad_norm > 0:
                         gn = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                         totals["grad_norm"] += float(gn)
@@ -249,21 +243,24 @@ class Trainer:
         n_updates = max(1, n_updates)
         return {"loss": totals["loss"] / n_updates, "kl": totals["kl"] / k, "clip_frac": totals["clip_frac"] / k,
                 "grad_norm": totals["grad_norm"] / n_updates, "tokens/trained": valid // k,
-                "density/valid_token": valid / max(1, slots),
+                "density/valid_token": real / max(1, slots), "density/loss_token": valid / max(1, slots),
                 "throughput/update_tokens_per_s": valid / max(1e-9, timer.times["update"])}
 
     def micro_batches(self, rows: list[int], c_ids: list[list[int]], p_ids: list[list[int]]) -> list[list[int]]:
-        """Padded: `micro_batch_size` rows each. Dense: consecutive rows up to `micro_batch_tokens` tokens."""
+        """Padded: `micro_batch_size` rows each. Dense: the rows packed into bins of <= pack_capacity tokens
+        (over the whole minibatch, so only its last bins are part-full), whole bins grouped into
+        micro-batches of <= micro_batch_tokens tokens."""
         cfg = self.cfg
         if cfg.packing == "none":
             return [rows[s: s + cfg.micro_batch_size] for s in range(0, len(rows), cfg.micro_batch_size)]
+        lengths = [len(p_ids[i]) + len(c_ids[i]) for i in rows]
         out, cur, tokens = [], [], 0
-        for i in rows:
-            n = len(p_ids[i]) + len(c_ids[i])
+        for b in pack_rows(lengths, cfg.pack_capacity):
+            n = sum(lengths[j] for j in b)
             if cur and tokens + n > cfg.micro_batch_tokens:
                 out.append(cur)
                 cur, tokens = [], 0
-            cur.append(i)
+            cur += [rows[j] for j in b]
             tokens += n
         return out + ([cur] if cur else [])
 
@@ -299,7 +296,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         ckpt = self.out / "checkpoints" / f"step_{self.step}"
         self.accelerator.save_state(str(ckpt), safe_serialization=True)
-        state = {"step": self.step, "consumed": self.consumed, "history": self.history.state_dict(),
+        state = {"step": self.step, "composer": self.composer.state_dict(), "history": self.history.state_dict(),
                  "pruner": self.pruner.state_dict()}
         (ckpt / "trainer_state.json").write_text(json.dumps(state))
         done = sorted((p for p in ckpt.parent.glob("step_*") if (p / "trainer_state.json").is_file()),
@@ -318,7 +315,8 @@ class Trainer:
             return False
         self.accelerator.load_state(str(done[-1]))
         state = json.loads((done[-1] / "trainer_state.json").read_text())
-        self.step, self.consumed = state["step"], state["consumed"]
+        self.step = state["step"]
+        self.composer.load_state_dict(state["composer"])
         self.history.load_state_dict(state["history"])
         self.pruner.load_state_dict(state["pruner"])
         if self.metrics_path.exists():
@@ -335,17 +333,20 @@ class Trainer:
         if not self.maybe_resume():
             self._log({"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().items()}})
         acc: dict[str, float] = {}
-        bar = tqdm(total=self.total_steps, initial=self.step, desc="train", mininterval=10.0)
-        while self.step < self.total_steps:
+        bar = tqdm(total=self.composer.stream.limit, initial=min(self.composer.covered, self.composer.stream.limit),
+                   desc="train", unit="prompt", mininterval=10.0)
+        while not self.finished():
             record = self.train_step()
-            if self.step % cfg.eval_every == 0 or self.step == self.total_steps:
+            last = self.finished()
+            if self.step % cfg.eval_every == 0 or last:
                 acc = self.run_eval()
                 record.update({f"eval/{k}": v for k, v in acc.items()})
             self._log(record)
-            if self.step % cfg.save_every == 0 or self.step == self.total_steps:
+            if self.step % cfg.save_every == 0 or last:
                 self.save_checkpoint()
-            bar.update(1)
-            bar.set_postfix(reward=f"{record['reward']:.3f}", zero_std=f"{record['frac_reward_zero_std']:.2f}")
+            bar.update(min(self.composer.covered, bar.total) - bar.n)
+            bar.set_postfix(step=self.step, reward=f"{record['reward']:.3f}",
+                            zero_std=f"{record['frac_reward_zero_std']:.2f}")
         bar.close()
         final = self.out / "final"
         self.accelerator.unwrap_model(self.model).save_pretrained(final, safe_serialization=True)

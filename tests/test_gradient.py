@@ -47,7 +47,8 @@ def setup(embedded):
     history = PromptHistory()
     for k in (0, 1):  # prompts 0 and 1 were zero-variance when last seen; 2 and 3 are new
         history.update(k, [1.0] * G, [0.0] * G, [10] * G, step=0)
-    return rewards, adv, gmat @ gmat.T, history
+    lengths = [len(c) for c in batch.completion_ids]
+    return rewards, adv, gmat @ gmat.T, history, lengths
 
 
 def _coefficients(pruner, rewards, adv, history, draws, seed=0):
@@ -80,7 +81,7 @@ def _mc_check(coef, gram):
 
 @pytest.mark.parametrize("mode", ["bernoulli", "fixed_count"])
 def test_monte_carlo_gradient_matches_full_batch(setup, mode):
-    rewards, adv, gram, history = setup
+    rewards, adv, gram, history, _ = setup
     dppo = make_pruner("dppo", prompt_rate=0.5, completion_rate=0.5, sampling=mode)
     cos, err, se = _mc_check(_coefficients(dppo, rewards, adv, history, 4000), gram)
     assert cos > 0.99 and err < 3 * se, (cos, err, se)
@@ -94,7 +95,7 @@ def test_variance_matches_closed_form(setup, rate):
     """Bernoulli masks: tr Cov[grad L_hat] = sum_items (1/pi - 1) ||grad item||^2 / (B G)^2 (SPEC §2), with
     items = completions (completion stage) or whole groups (prompt stage); both stages together:
     sum_b [(1/pi_b - 1) ||S_b||^2 + (1/pi_b) sum_i (1/pi_bi - 1) ||g_bi||^2] / (B G)^2."""
-    rewards, adv, gram, history = setup
+    rewards, adv, gram, history, _ = setup
     sq = torch.diagonal(gram)  # ||grad l_n||^2
     group = torch.zeros(B, N, dtype=torch.float64)
     for b in range(B):
@@ -115,3 +116,38 @@ def test_variance_matches_closed_form(setup, rate):
         centred = coef - coef.mean(0)
         measured = torch.einsum("dn,nm,dm->d", centred, gram, centred).mean() * 6000 / 5999
         assert measured.item() == pytest.approx(closed.item() / N**2, rel=0.10), name
+
+
+@pytest.mark.parametrize("refill", ["prompts", "tokens"])
+def test_monte_carlo_refilled_epoch_matches_full_batch(setup, refill):
+    """Refill (SPEC §3.1): the 4 prompts are one epoch, composed into steps of budget 2 from a window of 4;
+    history updates after each step, so later steps' coverage depends on earlier masks. The epoch's summed
+    pruned loss, sum_s |S_s| G L_hat_s / N, has mean grad L = mean_n grad l_n (each prompt covered once)."""
+    import copy
+
+    from dppo.composition import PromptStream, StepComposer
+
+    rewards, adv, gram, history, lengths = setup
+    dppo = make_pruner("dppo", prompt_rate=0.5, completion_rate=0.5)
+    gen = torch.Generator().manual_seed(2)
+    draws = 3000
+    coef = torch.zeros(draws, N, dtype=torch.float64)
+    partitions = []
+    for d in range(draws):
+        comp, hist = StepComposer(PromptStream(B, seed=d, limit=B), refill, 4, G), copy.deepcopy(history)  # 1 epoch
+        covered = []
+        while not comp.finished():
+            keys = comp.next_keys(2, hist, dppo)
+            psel = dppo.select_prompts(keys, hist, gen)
+            kept = torch.tensor(keys)[psel.keep]
+            csel = dppo.select_completions(rewards[kept], adv[kept], gen)
+            w, norm = dppo.loss_weights(psel, csel, G)
+            rows = (kept[:, None] * G + torch.arange(G)[None, :])[csel.keep]
+            coef[d, rows] = w.double() / norm * (len(keys) * G) / N
+            for k in kept.tolist():
+                hist.update(k, rewards[k].tolist(), adv[k].abs().tolist(), lengths[k * G:(k + 1) * G], step=1)
+            covered.append(tuple(keys))
+        partitions.append(tuple(covered))
+    cos, err, se = _mc_check(coef, gram)
+    assert cos > 0.99 and err < 3 * se, (cos, err, se)
+    assert len(set(partitions)) > 1  # steps composed differently across draws (epoch order and masks)

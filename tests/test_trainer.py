@@ -56,6 +56,7 @@ def _training_metrics(path):
     dict(algorithm="dapo", kl_coef=0.05, ppo_epochs=2, num_minibatches=2, micro_batch_size=24),
     dict(pruner="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5),  # prompt history must survive resume
     dict(pruner="greso"),
+    dict(pruner="dppo", prompt_prune_rate=0.9, refill="tokens", packing="dense"),  # window survives resume
 ])
 def test_resume_after_interruption_reproduces_uninterrupted_run(tmp_path, embedded, variant):
     common = dict(lr=2e-4, max_steps=6, eval_every=3, save_every=2, **SMALL, **variant)
@@ -153,3 +154,26 @@ def test_cppo_allocation_and_dapo_refill(tmp_path, embedded, pruner):
         else:  # refill in rounds of B prompts; at most B informative groups train, unweighted
             assert r["prompts/covered"] % B == 0 and B <= r["prompts/covered"] <= cfg.dapo_max_rounds * B
             assert kept_rows <= B * G and kept_rows % G == 0 and r["weights/max"] in (0.0, 1.0)
+
+
+def test_refill_covers_each_epoch_in_fewer_steps(tmp_path, embedded):
+    """Dense Prompt Packing's refill: once history has candidates, pruned prompts are replaced from the
+    window, so an epoch takes fewer steps; every prompt is still covered once per epoch."""
+    cfg = TrainConfig(output_dir=str(tmp_path), **{**SMALL, "epochs": 3, "prompts_per_step": 4}, pruner="dppo", prompt_prune_rate=0.9,
+                      refill="prompts", lr=2e-4, eval_every=1000, save_every=1000)
+    tr = Trainer(cfg)
+    covered = []
+    next_keys = tr.composer.next_keys
+
+    def spy(*args):
+        covered.append(next_keys(*args))
+        return covered[-1]
+    tr.composer.next_keys = spy
+    tr.fit()
+    m = read_metrics(tmp_path / "metrics.jsonl")[1:]
+    flat = [k for keys in covered for k in keys]
+    assert len(flat) == 3 * cfg.train_size and m[-1]["epoch"] == 3.0
+    for e in range(3):
+        assert sorted(flat[e * 16:(e + 1) * 16]) == list(range(16))
+    assert len(m) < 3 * cfg.train_size / cfg.prompts_per_step  # 12 steps without refill
+    assert max(r["prompts/covered"] for r in m) > cfg.prompts_per_step
