@@ -1,9 +1,43 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: bootstrap .venv, then train GRPO on the embedded task and
-# print per-split accuracy before and after. Usage: ./reproduce.sh [CONFIG.yaml] [--field value ...]
+# The reproduction: bootstrap .venv, run every study notebook at CPU scale on the embedded default (papermill),
+# then paper_figures (every table and figure of SPEC §6 into figures/). Executed notebooks are kept under
+# experiments/results/notebooks/.
+#
+#   ./reproduce.sh                          every study, then paper_figures
+#   ./reproduce.sh --study main_results     one study (a notebook name), then paper_figures
+#   ./reproduce.sh --study packing -f my.yaml   papermill parameter file for the study
+#   ./reproduce.sh --profile paper          paper-scale parameter files experiments/paper/<study>.yaml (GPUs)
+#   ./reproduce.sh --train CONFIG.yaml [--field value ...]   one training run (dppo train)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 bash scripts/bootstrap.sh
-config="experiments/cpu/grpo.yaml"
-if [ $# -gt 0 ] && [[ "$1" != --* ]]; then config="$1"; shift; fi
-exec .venv/bin/dppo train --config "$config" "$@"
+STUDIES=(main_results algorithms ablations gradient_variance packing case_study)
+study="" params="" profile="cpu"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --train) shift; exec .venv/bin/dppo train --config "$@" ;;
+    --study) study="$2"; shift 2 ;;
+    -f|--parameters) params="$2"; shift 2 ;;
+    --profile) profile="$2"; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "reproduce.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ "$profile" = cpu ] || [ "$profile" = paper ] || { echo "reproduce.sh: --profile must be cpu or paper, got '$profile'" >&2; exit 2; }
+if [ -n "$study" ]; then
+  [ -f "notebooks/$study.ipynb" ] || { echo "reproduce.sh: --study must be one of: ${STUDIES[*]} paper_figures train" >&2; exit 2; }
+  STUDIES=("$study")
+fi
+mkdir -p experiments/results/notebooks
+for nb in "${STUDIES[@]}"; do
+  args=()
+  if [ -n "$params" ]; then args=(-f "$params")
+  elif [ "$profile" = paper ] && [ -f "experiments/paper/$nb.yaml" ]; then args=(-f "experiments/paper/$nb.yaml"); fi
+  [ "$nb" = paper_figures ] && continue
+  echo "[reproduce] $nb $(date +%T)"
+  DPPO_SMOKE=0 .venv/bin/papermill "notebooks/$nb.ipynb" "experiments/results/notebooks/$nb.ipynb" --cwd . \
+    --progress-bar "${args[@]}"
+done
+echo "[reproduce] paper_figures $(date +%T)"
+DPPO_SMOKE=0 .venv/bin/papermill notebooks/paper_figures.ipynb experiments/results/notebooks/paper_figures.ipynb --cwd .
+ls -l figures/

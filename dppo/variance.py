@@ -1,0 +1,103 @@
+"""Gradient bias and variance of pruned estimators on a real batch (SPEC §2, figure F3).
+
+With rollouts fixed and masks independent of theta, grad L_hat = sum_n c_n grad l_n, where c_n = keep_n w_n /
+normaliser. So every statistic follows exactly from the per-sample gradients' Gram matrix
+K = [<grad l_n, grad l_m>] and draws of the coefficient vector c:
+
+    bias     = || E[c] - 1/N ||_K                     (0 for an unbiased estimator)
+    variance = E || c - E[c] ||_K^2  = tr Cov[grad L_hat]
+    closed form (Bernoulli, SPEC §2): sum_b [(1/pi_b - 1) ||S_b||^2 + (1/pi_b) sum_i (1/pi_bi - 1) ||g_bi||^2] / N^2
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dppo.history import PromptHistory
+from dppo.losses import grpo_advantages, policy_objective
+from dppo.pruning import completion_candidates
+from dppo.reward import math_reward
+from dppo.rollout import HFRollout, SamplingParams
+from dppo.scoring import completion_logprobs, pad_completions
+
+
+def gradient_gram(model, tok, prompts: list[str], answers: list[str], group_size: int, max_new_tokens: int = 48,
+                  kl_coef: float = 0.1, seed: int = 0) -> dict:
+    """Roll out G completions per prompt, then per-sample gradients of the clipped surrogate + k3 KL
+    (old and reference log-probs perturbed so clipping and KL act). Returns rewards [B, G], adv [B, G],
+    gram [N, N] (float64) and lengths [N]."""
+    B, G = len(prompts), group_size
+    torch.manual_seed(seed)
+    batch = HFRollout(model, tok, 64).generate(prompts, SamplingParams(n=G, max_new_tokens=max_new_tokens))
+    rewards = torch.tensor([math_reward(t, answers[r // G]) for r, t in enumerate(batch.texts)]).view(B, G)
+    adv = grpo_advantages(rewards)
+    gen = torch.Generator().manual_seed(seed)
+    grads = []
+    for n in range(B * G):
+        model.zero_grad(set_to_none=True)
+        logp = completion_logprobs(model, batch.prompt_ids[n:n + 1], batch.completion_ids[n:n + 1], tok.pad_token_id)
+        mask = pad_completions([torch.ones(logp.shape[1])])[1]
+        old = logp.detach() + 0.3 * torch.randn(logp.shape, generator=gen)
+        ref = logp.detach() + 0.5 * torch.randn(logp.shape, generator=gen)
+        loss, _ = policy_objective(logp, old, adv.view(-1)[n:n + 1], mask, torch.ones(1), 1.0, ref_logp=ref,
+                                   kl_coef=kl_coef)
+        loss.backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]).double())
+    model.zero_grad(set_to_none=True)
+    g = torch.stack(grads)
+    return {"rewards": rewards, "adv": adv, "gram": g @ g.T, "lengths": [len(c) for c in batch.completion_ids]}
+
+
+def history_from(rewards: torch.Tensor, adv: torch.Tensor, lengths: list[int]) -> PromptHistory:
+    """A history in which every prompt was last seen with exactly these rollouts (so zero-variance groups
+    are prompt candidates, as in the epoch after)."""
+    h, G = PromptHistory(), rewards.shape[1]
+    for b in range(rewards.shape[0]):
+        h.update(b, rewards[b].tolist(), adv[b].abs().tolist(), lengths[b * G:(b + 1) * G], step=0)
+    return h
+
+
+def coefficients(pruner, rewards: torch.Tensor, adv: torch.Tensor, history, draws: int, seed: int = 0) -> torch.Tensor:
+    """[draws, N] coefficients c (grad L_hat = c @ grad l), masks drawn as the trainer draws them."""
+    B, G = rewards.shape
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.zeros(draws, B * G, dtype=torch.float64)
+    for d in range(draws):
+        psel = pruner.select_prompts(list(range(B)), history, gen)
+        kept = psel.keep.nonzero().flatten()
+        csel = pruner.select_completions(rewards[kept], adv[kept], gen)
+        csel.keep = pruner.limit(csel.keep, B)
+        w, norm = pruner.loss_weights(psel, csel, G)
+        rows = (kept[:, None] * G + torch.arange(G)[None, :])[csel.keep]
+        out[d, rows] = w.double() / norm
+    return out
+
+
+def bias_and_variance(coef: torch.Tensor, gram: torch.Tensor) -> dict:
+    """bias ||E c - 1/N||_K, its Monte-Carlo standard error, variance tr Cov, and cosine to the full gradient."""
+    n = gram.shape[0]
+    full = torch.full((n,), 1.0 / n, dtype=torch.float64)
+    mean = coef.mean(0)
+    diff = mean - full
+    centred = coef - mean
+    per_draw = torch.einsum("dn,nm,dm->d", centred, gram, centred)
+    var = per_draw.mean() * coef.shape[0] / max(1, coef.shape[0] - 1)
+    cos = (mean @ gram @ full) / torch.sqrt((mean @ gram @ mean) * (full @ gram @ full))
+    return {"bias": float(torch.sqrt(diff @ gram @ diff)), "bias_se": float(torch.sqrt(var / coef.shape[0])),
+            "variance": float(var), "cosine": float(cos), "full_grad_sq": float(full @ gram @ full)}
+
+
+def closed_form_variance(rewards: torch.Tensor, adv: torch.Tensor, gram: torch.Tensor, prompt_candidates: torch.Tensor,
+                         prompt_rate: float, completion_rate: float) -> float:
+    """tr Cov[grad L_hat] of DPPO with Bernoulli masks (SPEC §2)."""
+    B, G = rewards.shape
+    n = B * G
+    sq = torch.diagonal(gram)
+    group = torch.zeros(B, n, dtype=torch.float64)
+    for b in range(B):
+        group[b, b * G:(b + 1) * G] = 1.0
+    sq_group = torch.diagonal(group @ gram @ group.T)
+    pi_o = torch.where(completion_candidates(adv, rewards), 1 - completion_rate, 1.0).double().reshape(-1)
+    pi_q = torch.where(prompt_candidates, 1 - prompt_rate, 1.0).double()
+    total = ((1 / pi_q - 1) * sq_group).sum() + (group @ ((1 / pi_o - 1) * sq) / pi_q).sum()
+    return float(total) / n**2

@@ -1,0 +1,50 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # T2 — generality: GRPO, DAPO and GSPO, each with and without DPPO
+# The same short CPU-scale setup for each base algorithm (`algorithm` field: advantage, surrogate,
+# aggregation and clip range from `dppo.config.ALGORITHMS`), with and without Dynamic Pruning Policy
+# Optimization (DPPO includes Dense Prompt Packing). Note: DAPO's token-mean aggregation is a ratio and is not
+# exactly unbiased after prompt pruning (SPEC §2); GRPO and GSPO use seq-mean-token-mean and are.
+# T3 (a larger model +- DPPO) is `scale.ipynb`'s job at paper scale; see the closing notes.
+
+# %% tags=["parameters"]
+import os
+
+overrides = {}  # TrainConfig fields applied to every run (e.g. paper-scale model and data)
+smoke = os.environ.get("DPPO_SMOKE") == "1"
+
+# %%
+from pathlib import Path
+
+while not (Path.cwd() / "experiments").is_dir():
+    os.chdir("..")
+from dppo import report
+
+layout = {k: (cfg, {**over, **overrides}, sub) for k, (cfg, over, sub) in report.T2_RUNS.items()}
+runs = report.run_layout(layout, smoke=smoke)
+out = report.figures_dir(smoke)
+t2 = report.table(runs, "GRPO", "T2_algorithms", report.SHORT_CAPTION, "T2", out)
+for alg in ("DAPO", "GSPO"):  # each base algorithm's own speed-up from DPPO
+    t2.loc[f"{alg} + DPPO", "speedup"] = t2.loc[alg, "train_s"] / t2.loc[f"{alg} + DPPO", "train_s"]
+report.write_table(t2, "T2_algorithms", report.SHORT_CAPTION + " Speed-up of X + DPPO is against X.", "T2", out)
+t2.round(3)
+
+# %%
+assert len(t2) == 6 and (out / "T2_algorithms.md").is_file()
+for alg in ("GRPO", "DAPO", "GSPO"):
+    r = report.load_run(runs[f"{alg} + DPPO"])
+    assert (r["weights/max"][r["step"] > 0] >= 1.0).all()

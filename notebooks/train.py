@@ -1,0 +1,57 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # One training run
+# The building block the study notebooks and `reproduce.sh` call through papermill: train one config
+# (fields of `dppo.config.TrainConfig`, overridable here) and show its curves and final accuracy.
+
+# %% tags=["parameters"]
+import os
+
+config = "experiments/cpu/grpo.yaml"  # a YAML file of TrainConfig fields
+output_dir = "experiments/results/train/grpo"
+overrides = {}  # any TrainConfig field: value
+smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long run (tests)
+
+# %%
+from pathlib import Path
+
+while not (Path.cwd() / "experiments").is_dir():  # run from the repository root
+    os.chdir("..")
+from dppo import report
+
+if smoke:
+    output_dir = f"experiments/results/smoke/{Path(output_dir).name}"
+run_dir = report.run(config, output_dir, smoke=smoke, **overrides)
+metrics = report.load_run(run_dir)
+summary = report.summarize(run_dir)
+print({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()})
+
+# %%
+import matplotlib.pyplot as plt
+
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
+train = metrics[metrics["step"] > 0]
+ax1.plot(train["wall_s"], train["reward"].rolling(10, min_periods=1).mean())
+ax1.set(xlabel="training wall-clock (s)", ylabel="mean reward (10-step avg)", title="reward")
+evals = metrics.dropna(subset=["eval/avg"])
+ax2.plot(evals["wall_s"], evals["eval/avg"], marker="o")
+ax2.set(xlabel="training wall-clock (s)", ylabel="Pass@1 (%), avg of 6 splits", title="held-out accuracy")
+fig.tight_layout()
+
+# %%
+assert (Path(run_dir) / "config.yaml").is_file() and (Path(run_dir) / "final" / "model.safetensors").is_file()
+assert summary["steps"] >= 1 and 0.0 <= summary["acc/avg"] <= 100.0
