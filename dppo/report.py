@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from dppo.config import TrainConfig
-from dppo.trainer import Trainer, read_metrics
+from dppo.trainer import Trainer, load_data, read_metrics
 
 FIGURES = Path("figures")
 SPLITS = ("level1", "level2", "level3", "level4", "level5", "ood")
@@ -191,6 +191,15 @@ def table(runs: dict[str, Path], baseline: str, name: str, caption: str, paper_k
     return df
 
 
+def table_t2(runs: dict[str, Path], out: Path = FIGURES) -> pd.DataFrame:
+    """T2: every run against GRPO, then each X + DPPO's speed-up against its own base algorithm X."""
+    df = table(runs, "GRPO", "T2_algorithms", SHORT_CAPTION, "T2", out)
+    for alg in ("DAPO", "GSPO"):
+        df.loc[f"{alg} + DPPO", "speedup"] = df.loc[alg, "train_s"] / df.loc[f"{alg} + DPPO", "train_s"]
+    write_table(df, "T2_algorithms", SHORT_CAPTION + " Speed-up of X + DPPO is against X.", "T2", out)
+    return df
+
+
 def figure_f2(runs: dict[str, str | Path], name: str = "F2_training_curves", out: Path = FIGURES):
     """Held-out accuracy and reward against training wall-clock, one line per method."""
     plt = _plt()
@@ -241,10 +250,11 @@ def figure_f3(results_dir: str | Path, name: str = "F3_gradient_variance", out: 
 
 def figure_f4(packing_dir: str | Path, results: str | Path = RESULTS, name: str = "F4_packing", out: Path = FIGURES):
     """Density and update throughput per layout (bench/packing.py), and per-step density of DPPO with and
-    without Dense Prompt Packing when those runs exist."""
+    without Dense Prompt Packing (the T4 runs) when those exist."""
     plt = _plt()
     bench = pd.read_csv(Path(packing_dir) / "packing.csv")
-    dense, nopack = Path(results) / T1_RUNS["DPPO"][2], Path(results) / "ablations/dppo_nopack"
+    dense = Path(results) / T4_RUNS["DPPO (prompt + completion, 1/pi, packing)"][2]
+    nopack = Path(results) / T4_RUNS["without Dense Prompt Packing"][2]
     per_step = dense.joinpath("metrics.jsonl").is_file() and nopack.joinpath("metrics.jsonl").is_file()
     fig, axes = plt.subplots(1, 3 if per_step else 2, figsize=(14 if per_step else 10, 3.6))
     x = range(len(bench))
@@ -330,8 +340,6 @@ def case_study_answers(runs: dict[str, Path], split: str = "ood", samples: int =
     from dppo.rollout import HFRollout, SamplingParams
 
     cfg = TrainConfig.load(Path(next(iter(runs.values()))) / "config.yaml")
-    from dppo.trainer import load_data
-
     problems = load_data(cfg)[1][split]
     model, tok = load_policy(cfg.model_name_or_path)
     engine = HFRollout(model, tok, 512)

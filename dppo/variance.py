@@ -15,37 +15,48 @@ import torch
 
 from dppo.history import PromptHistory
 from dppo.losses import grpo_advantages, policy_objective
-from dppo.pruning import completion_candidates
+from dppo.pruning import completion_candidates, inclusion_probs
 from dppo.reward import math_reward
 from dppo.rollout import HFRollout, SamplingParams
 from dppo.scoring import completion_logprobs, pad_completions
 
 
-def gradient_gram(model, tok, prompts: list[str], answers: list[str], group_size: int, max_new_tokens: int = 48,
-                  kl_coef: float = 0.1, seed: int = 0) -> dict:
-    """Roll out G completions per prompt, then per-sample gradients of the clipped surrogate + k3 KL
-    (old and reference log-probs perturbed so clipping and KL act). Returns rewards [B, G], adv [B, G],
-    gram [N, N] (float64) and lengths [N]."""
-    B, G = len(prompts), group_size
+def rollout(model, tok, prompts: list[str], answers: list[str], group_size: int, max_new_tokens: int = 48,
+            seed: int = 0):
+    """G sampled completions per prompt and their rewards [B, G] (seeded)."""
     torch.manual_seed(seed)
-    batch = HFRollout(model, tok, 64).generate(prompts, SamplingParams(n=G, max_new_tokens=max_new_tokens))
-    rewards = torch.tensor([math_reward(t, answers[r // G]) for r, t in enumerate(batch.texts)]).view(B, G)
-    adv = grpo_advantages(rewards)
+    batch = HFRollout(model, tok, 64).generate(prompts, SamplingParams(n=group_size, max_new_tokens=max_new_tokens))
+    rewards = torch.tensor([math_reward(t, answers[r // group_size]) for r, t in enumerate(batch.texts)])
+    return batch, rewards.view(len(prompts), group_size)
+
+
+def per_sample_gram(model, tok, batch, adv: torch.Tensor, kl_coef: float = 0.1, seed: int = 0) -> torch.Tensor:
+    """K [N, N] float64 of the per-sample gradients of the clipped surrogate + beta * k3 KL; old and reference
+    log-probs are the current ones perturbed (seeded) so that clipping and the KL act."""
     gen = torch.Generator().manual_seed(seed)
     grads = []
-    for n in range(B * G):
+    for n in range(adv.numel()):
         model.zero_grad(set_to_none=True)
         logp = completion_logprobs(model, batch.prompt_ids[n:n + 1], batch.completion_ids[n:n + 1], tok.pad_token_id)
         mask = pad_completions([torch.ones(logp.shape[1])])[1]
         old = logp.detach() + 0.3 * torch.randn(logp.shape, generator=gen)
         ref = logp.detach() + 0.5 * torch.randn(logp.shape, generator=gen)
-        loss, _ = policy_objective(logp, old, adv.view(-1)[n:n + 1], mask, torch.ones(1), 1.0, ref_logp=ref,
+        loss, _ = policy_objective(logp, old, adv.reshape(-1)[n:n + 1], mask, torch.ones(1), 1.0, ref_logp=ref,
                                    kl_coef=kl_coef)
         loss.backward()
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]).double())
     model.zero_grad(set_to_none=True)
-    g = torch.stack(grads)
-    return {"rewards": rewards, "adv": adv, "gram": g @ g.T, "lengths": [len(c) for c in batch.completion_ids]}
+    g = torch.stack(grads)  # [N, P]
+    return g @ g.T
+
+
+def gradient_gram(model, tok, prompts: list[str], answers: list[str], group_size: int, max_new_tokens: int = 48,
+                  kl_coef: float = 0.1, seed: int = 0) -> dict:
+    """rollout + GRPO advantages + per_sample_gram: rewards [B, G], adv [B, G], gram [N, N], lengths [N]."""
+    batch, rewards = rollout(model, tok, prompts, answers, group_size, max_new_tokens, seed)
+    adv = grpo_advantages(rewards)
+    return {"rewards": rewards, "adv": adv, "gram": per_sample_gram(model, tok, batch, adv, kl_coef, seed),
+            "lengths": [len(c) for c in batch.completion_ids]}
 
 
 def history_from(rewards: torch.Tensor, adv: torch.Tensor, lengths: list[int]) -> PromptHistory:
@@ -97,7 +108,7 @@ def closed_form_variance(rewards: torch.Tensor, adv: torch.Tensor, gram: torch.T
     for b in range(B):
         group[b, b * G:(b + 1) * G] = 1.0
     sq_group = torch.diagonal(group @ gram @ group.T)
-    pi_o = torch.where(completion_candidates(adv, rewards), 1 - completion_rate, 1.0).double().reshape(-1)
-    pi_q = torch.where(prompt_candidates, 1 - prompt_rate, 1.0).double()
+    pi_o = inclusion_probs(completion_candidates(adv, rewards), completion_rate, "bernoulli").reshape(-1)
+    pi_q = inclusion_probs(prompt_candidates, prompt_rate, "bernoulli")
     total = ((1 / pi_q - 1) * sq_group).sum() + (group @ ((1 / pi_o - 1) * sq) / pi_q).sum()
     return float(total) / n**2

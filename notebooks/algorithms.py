@@ -19,7 +19,7 @@
 # aggregation and clip range from `dppo.config.ALGORITHMS`), with and without Dynamic Pruning Policy
 # Optimization (DPPO includes Dense Prompt Packing). Note: DAPO's token-mean aggregation is a ratio and is not
 # exactly unbiased after prompt pruning (SPEC §2); GRPO and GSPO use seq-mean-token-mean and are.
-# T3 (a larger model +- DPPO) is `scale.ipynb`'s job at paper scale; see the closing notes.
+# T3 (a larger model +- DPPO) is in `scale.ipynb`.
 
 # %% tags=["parameters"]
 import os
@@ -37,10 +37,7 @@ from dppo import report
 layout = {k: (cfg, {**over, **overrides}, sub) for k, (cfg, over, sub) in report.T2_RUNS.items()}
 runs = report.run_layout(layout, smoke=smoke)
 out = report.figures_dir(smoke)
-t2 = report.table(runs, "GRPO", "T2_algorithms", report.SHORT_CAPTION, "T2", out)
-for alg in ("DAPO", "GSPO"):  # each base algorithm's own speed-up from DPPO
-    t2.loc[f"{alg} + DPPO", "speedup"] = t2.loc[alg, "train_s"] / t2.loc[f"{alg} + DPPO", "train_s"]
-report.write_table(t2, "T2_algorithms", report.SHORT_CAPTION + " Speed-up of X + DPPO is against X.", "T2", out)
+t2 = report.table_t2(runs, out)  # speed-up of X + DPPO is against X
 t2.round(3)
 
 # %%

@@ -51,10 +51,7 @@ if runs := have(report.T1_RUNS):
     report.table(runs, "GRPO", "T1_main_results", report.T1_CAPTION, "T1", out)
     report.figure_f2(runs, out=out)
 if runs := have(report.T2_RUNS):
-    t2 = report.table(runs, "GRPO", "T2_algorithms", report.SHORT_CAPTION, "T2", out)
-    for alg in ("DAPO", "GSPO"):
-        t2.loc[f"{alg} + DPPO", "speedup"] = t2.loc[alg, "train_s"] / t2.loc[f"{alg} + DPPO", "train_s"]
-    report.write_table(t2, "T2_algorithms", report.SHORT_CAPTION + " Speed-up of X + DPPO is against X.", "T2", out)
+    report.table_t2(runs, out)
 if runs := have(report.T4_RUNS):
     report.table(runs, "GRPO", "T4_ablations", report.SHORT_CAPTION, "T4", out)
 if runs := have(report.T5_RUNS):

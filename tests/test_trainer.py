@@ -159,8 +159,8 @@ def test_cppo_allocation_and_dapo_refill(tmp_path, embedded, pruner):
 def test_refill_covers_each_epoch_in_fewer_steps(tmp_path, embedded):
     """Dense Prompt Packing's refill: once history has candidates, pruned prompts are replaced from the
     window, so an epoch takes fewer steps; every prompt is still covered once per epoch."""
-    cfg = TrainConfig(output_dir=str(tmp_path), **{**SMALL, "epochs": 3, "prompts_per_step": 4}, pruner="dppo", prompt_prune_rate=0.9,
-                      refill="prompts", lr=2e-4, eval_every=1000, save_every=1000)
+    cfg = TrainConfig(output_dir=str(tmp_path), **{**SMALL, "epochs": 3, "prompts_per_step": 4}, pruner="dppo",
+                      prompt_prune_rate=0.9, refill="prompts", lr=2e-4, eval_every=1000, save_every=1000)
     tr = Trainer(cfg)
     covered = []
     next_keys = tr.composer.next_keys
