@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 bash scripts/bootstrap.sh
-STUDIES=(main_results algorithms ablations gradient_variance packing case_study)
+STUDIES=(main_results algorithms scale ablations gradient_variance packing case_study)
 study="" params="" profile="cpu"
 while [ $# -gt 0 ]; do
   case "$1" in

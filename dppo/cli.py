@@ -64,9 +64,9 @@ def cmd_eval(args, rest) -> int:
 
 
 def cmd_build_model(args, rest) -> int:
-    from dppo.model import embedded_model_dir
+    from dppo.model import EMBEDDED_SPECS, embedded_model_dir
 
-    print(embedded_model_dir(rebuild=args.rebuild))
+    print(embedded_model_dir(EMBEDDED_SPECS[args.model], rebuild=args.rebuild))
     return 0
 
 
@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("build-model", help="build (or find) the cached embedded model and print its path")
     p.add_argument("--rebuild", action="store_true")
+    p.add_argument("--model", default="embedded", choices=["embedded", "embedded-large"],
+                   help="which embedded model (embedded-large: twice the depth, for table T3)")
     p.set_defaults(func=cmd_build_model)
     args, rest = parser.parse_known_args(argv)
     try:

@@ -39,7 +39,8 @@ class TrainConfig:
     seed: int = _f(0, "Seed of data order, sampling and initialisation; CPU runs are deterministic given it.")
     resume: bool = _f(True, "Continue from the newest checkpoint in output_dir if there is one.")
     # ---- model
-    model_name_or_path: str = _f("embedded", "'embedded' (tiny Qwen3 built locally), a local model dir, or hf:<repo id>.")
+    model_name_or_path: str = _f("embedded", "'embedded' (tiny Qwen3 built locally; 'embedded-large': twice "
+                                 "the depth), a local model dir, or hf:<repo id>.")
     dtype: str = _f("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
     attn_implementation: str = _f("sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
     # ---- data

@@ -33,6 +33,12 @@ EMBEDDED_SPEC = {
     "vocab_size": 192,
     "sft": dict(steps=400, batch_size=64, lr=3e-3, warmup=30, weight_decay=0.0, error_rate=0.15, seed=1234),
 }
+# The larger embedded model of table T3: twice the depth, about twice the parameters (as Qwen3-4B -> 8B),
+# same tokenizer, task and warm-start recipe.
+EMBEDDED_SPECS = {
+    "embedded": EMBEDDED_SPEC,
+    "embedded-large": {**EMBEDDED_SPEC, "arch": {**EMBEDDED_SPEC["arch"], "num_hidden_layers": 8}},
+}
 PAD, EOS, UNK = "<|pad|>", "<|endoftext|>", "<|unk|>"
 
 
@@ -145,14 +151,15 @@ def embedded_model_dir(spec: dict = EMBEDDED_SPEC, rebuild: bool = False) -> Pat
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """`embedded` -> the cached embedded model; `hf:<id>` -> the hub id; else an existing local dir."""
-    if name_or_path == "embedded":
-        return str(embedded_model_dir())
+    """`embedded` / `embedded-large` -> the cached embedded model; `hf:<id>` -> the hub id; else an
+    existing local dir."""
+    if name_or_path in EMBEDDED_SPECS:
+        return str(embedded_model_dir(EMBEDDED_SPECS[name_or_path]))
     if name_or_path.startswith("hf:"):
         return name_or_path[3:]
     if not Path(name_or_path).is_dir():
         raise ValueError(f"model_name_or_path {name_or_path!r} is not a local directory "
-                         "(use 'embedded', a local model directory, or hf:<repo id> to download)")
+                         f"(use one of {list(EMBEDDED_SPECS)}, a local model directory, or hf:<repo id> to download)")
     return name_or_path
 
 

@@ -36,16 +36,18 @@ PAPER = {
 # Study layouts: item -> {label: (config, overrides, run folder under the results root)}. The study
 # notebooks train these; paper_figures reads them back. One source of truth for both.
 RESULTS = Path("experiments/results")
-_KEEP = {"keep_checkpoints": 10}  # every checkpoint stays for the case study (F5)
+# 640 problems x 3 epochs = 120 steps (the YAML files' 1000 problems take 188 steps: ./reproduce.sh fits 60 min);
+# every checkpoint stays for the case study (F5).
+_KEEP = {"train_size": 640, "keep_checkpoints": 10, "save_every": 25}
 T1_RUNS = {
     "GRPO": ("experiments/cpu/grpo.yaml", _KEEP, "main_results/grpo"),
     "GRESO": ("experiments/cpu/greso.yaml", _KEEP, "main_results/greso"),
     "CPPO": ("experiments/cpu/cppo.yaml", _KEEP, "main_results/cppo"),
     "DPPO": ("experiments/cpu/dppo.yaml", _KEEP, "main_results/dppo"),
 }
-# T2, T4, T5 share short runs (320 problems x 2 epochs = 40 steps: the second epoch is where the prompt
+# T2-T5 share short runs (256 problems x 2 epochs = 32 steps: the second epoch is where the prompt
 # stage has history to prune with), so each is a few minutes on 2 CPU cores.
-SHORT = {"train_size": 320, "epochs": 2, "eval_every": 1000}
+SHORT = {"train_size": 256, "epochs": 2, "eval_every": 1000}
 _G, _D = "experiments/cpu/grpo.yaml", "experiments/cpu/dppo.yaml"
 T2_RUNS = {f"{alg.upper()}{' + DPPO' if d else ''}": (_D if d else _G, {**SHORT, "algorithm": alg},
                                                        f"short/{alg}{'_dppo' if d else ''}")
@@ -63,12 +65,18 @@ T5_RUNS = {"GRPO": T2_RUNS["GRPO"], **{
     f"r_q={rq}, r_o={ro}": (_D, {**SHORT, "prompt_prune_rate": rq, "completion_prune_rate": ro},
                             "short/dppo" if (rq, ro) == (0.5, 0.5) else f"short/dppo_rq{rq}_ro{ro}")
     for rq in T5_RATES for ro in T5_RATES}}
-SHORT_CAPTION = ("CPU scale, short runs: embedded model, 320 training problems x 2 epochs (40 steps of 16 prompts x 8 "
+T3_RUNS = {
+    "GRPO, embedded (0.8 M)": T2_RUNS["GRPO"],
+    "DPPO, embedded (0.8 M)": T2_RUNS["GRPO + DPPO"],
+    "GRPO, embedded-large (1.6 M)": (_G, {**SHORT, "model_name_or_path": "embedded-large"}, "short/grpo_large"),
+    "DPPO, embedded-large (1.6 M)": (_D, {**SHORT, "model_name_or_path": "embedded-large"}, "short/dppo_large"),
+}
+SHORT_CAPTION = ("CPU scale, short runs: embedded model, 256 training problems x 2 epochs (32 steps of 16 prompts x 8 "
                  "completions), seed 0, 2 CPU cores; accuracy = final Pass@1 (%) over 6 held-out splits (64 problems x "
                  "4 samples); speed-up vs GRPO in training-step seconds. Single seed: accuracy differences of a few "
                  "points are within run-to-run noise at this scale.")
 T1_CAPTION = ("Main results at CPU scale: embedded Qwen3-architecture model (0.8 M parameters), synthetic math task "
-              "(1000 training problems, 3 epochs, 16 prompts x 8 completions per step, seed 0, 2 CPU cores). "
+              "(640 training problems x 3 epochs = 120 steps of 16 prompts x 8 completions, seed 0, 2 CPU cores). "
               "Accuracy: final Pass@1 (%) over 6 held-out splits (64 problems x 4 samples each); train_s: "
               "training-step seconds (evaluation excluded); speed-up vs GRPO at equal epochs.")
 
@@ -197,6 +205,20 @@ def table_t2(runs: dict[str, Path], out: Path = FIGURES) -> pd.DataFrame:
     for alg in ("DAPO", "GSPO"):
         df.loc[f"{alg} + DPPO", "speedup"] = df.loc[alg, "train_s"] / df.loc[f"{alg} + DPPO", "train_s"]
     write_table(df, "T2_algorithms", SHORT_CAPTION + " Speed-up of X + DPPO is against X.", "T2", out)
+    return df
+
+
+def table_t3(runs: dict[str, Path], out: Path = FIGURES) -> pd.DataFrame:
+    """T3: each model size's DPPO run against GRPO on the same model."""
+    caption = SHORT_CAPTION.replace("embedded model", "embedded (0.8 M) and embedded-large (1.6 M, twice the depth) "
+                                    "models") + " Speed-up and accuracy gain of DPPO are against GRPO on the same model."
+    df = table(runs, next(iter(runs)), "T3_scale", caption, "T3", out)
+    for size in ("embedded (0.8 M)", "embedded-large (1.6 M)"):
+        grpo, dppo = f"GRPO, {size}", f"DPPO, {size}"
+        df.loc[dppo, "speedup"] = df.loc[grpo, "train_s"] / df.loc[dppo, "train_s"]
+        df.loc[dppo, "acc_gain"] = df.loc[dppo, "acc/avg"] - df.loc[grpo, "acc/avg"]
+        df.loc[grpo, ["speedup", "acc_gain"]] = [1.0, 0.0]
+    write_table(df, "T3_scale", caption, "T3", out)
     return df
 
 

@@ -52,6 +52,8 @@ if runs := have(report.T1_RUNS):
     report.figure_f2(runs, out=out)
 if runs := have(report.T2_RUNS):
     report.table_t2(runs, out)
+if runs := have(report.T3_RUNS):
+    report.table_t3(runs, out)
 if runs := have(report.T4_RUNS):
     report.table(runs, "GRPO", "T4_ablations", report.SHORT_CAPTION, "T4", out)
 if runs := have(report.T5_RUNS):

@@ -1,0 +1,32 @@
+# %% [markdown]
+# # T3 — a larger model with and without DPPO
+# The paper adds DPPO to larger models (Qwen3-8B, a ~30B MoE). At CPU scale the larger model is
+# `embedded-large`: the embedded Qwen3 architecture with twice the depth (8 layers, 1.6 M parameters, about
+# twice the parameters as 4B -> 8B), built and warm-started locally with the same recipe. Each model's DPPO
+# run is compared with GRPO on the same model, in the short setup of T2/T4/T5. At paper scale pass
+# `overrides={"model_name_or_path": "hf:Qwen/Qwen3-8B", ...}` or the configs under `experiments/paper/`.
+
+# %% tags=["parameters"]
+import os
+
+overrides = {}
+smoke = os.environ.get("DPPO_SMOKE") == "1"
+
+# %%
+from pathlib import Path
+
+while not (Path.cwd() / "experiments").is_dir():
+    os.chdir("..")
+from dppo import report
+
+layout = dict(report.T3_RUNS)
+if smoke:  # the larger model takes minutes to build: smoke runs use the small one for both rows
+    layout = {k: (cfg, {**over, "model_name_or_path": "embedded"}, sub) for k, (cfg, over, sub) in layout.items()}
+runs = report.run_layout({k: (cfg, {**over, **overrides}, sub) for k, (cfg, over, sub) in layout.items()}, smoke=smoke)
+out = report.figures_dir(smoke)
+t3 = report.table_t3(runs, out)
+t3.round(3)
+
+# %%
+assert len(t3) == 4 and (out / "T3_scale.md").is_file()
+assert (t3["speedup"] > 0).all()
