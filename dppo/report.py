@@ -49,25 +49,29 @@ T1_RUNS = {
 # stage has history to prune with), so each is a few minutes on 2 CPU cores.
 SHORT = {"train_size": 256, "epochs": 2, "eval_every": 1000}
 _G, _D = "experiments/cpu/grpo.yaml", "experiments/cpu/dppo.yaml"
-T2_RUNS = {f"{alg.upper()}{' + DPPO' if d else ''}": (_D if d else _G, {**SHORT, "algorithm": alg},
-                                                       f"short/{alg}{'_dppo' if d else ''}")
+_ON = {"GRPO": (_G, SHORT, "short/grpo"), "DPPO": (_D, SHORT, "short/dppo")}  # on-policy short runs, shared
+# T2 runs off-policy (4 minibatch updates per step, as verl's PPO mini-batches): on-policy, the sequence-level
+# ratio of GSPO and GRPO's token ratios are both 1 and their gradients coincide, so GSPO would equal GRPO.
+T2_RUNS = {f"{alg.upper()}{' + DPPO' if d else ''}": (_D if d else _G, {**SHORT, "algorithm": alg,
+                                                                        "num_minibatches": 4},
+                                                       f"short/mb4_{alg}{'_dppo' if d else ''}")
            for alg in ("grpo", "dapo", "gspo") for d in (False, True)}
 T4_RUNS = {
-    "GRPO": T2_RUNS["GRPO"],
-    "DPPO (prompt + completion, 1/pi, packing)": T2_RUNS["GRPO + DPPO"],
+    "GRPO": _ON["GRPO"],
+    "DPPO (prompt + completion, 1/pi, packing)": _ON["DPPO"],
     "prompt stage only": (_D, {**SHORT, "completion_prune_rate": 0.0}, "short/dppo_prompt_only"),
     "completion stage only": (_D, {**SHORT, "prompt_prune_rate": 0.0}, "short/dppo_completion_only"),
     "without 1/pi weights": (_D, {**SHORT, "pruner": "dppo_biased"}, "short/dppo_biased"),
     "without Dense Prompt Packing": (_D, {**SHORT, "packing": "none", "refill": "none"}, "short/dppo_nopack"),
 }
 T5_RATES = (0.3, 0.5, 0.7)
-T5_RUNS = {"GRPO": T2_RUNS["GRPO"], **{
+T5_RUNS = {"GRPO": _ON["GRPO"], **{
     f"r_q={rq}, r_o={ro}": (_D, {**SHORT, "prompt_prune_rate": rq, "completion_prune_rate": ro},
                             "short/dppo" if (rq, ro) == (0.5, 0.5) else f"short/dppo_rq{rq}_ro{ro}")
     for rq in T5_RATES for ro in T5_RATES}}
 T3_RUNS = {
-    "GRPO, embedded (0.8 M)": T2_RUNS["GRPO"],
-    "DPPO, embedded (0.8 M)": T2_RUNS["GRPO + DPPO"],
+    "GRPO, embedded (0.8 M)": _ON["GRPO"],
+    "DPPO, embedded (0.8 M)": _ON["DPPO"],
     "GRPO, embedded-large (1.6 M)": (_G, {**SHORT, "model_name_or_path": "embedded-large"}, "short/grpo_large"),
     "DPPO, embedded-large (1.6 M)": (_D, {**SHORT, "model_name_or_path": "embedded-large"}, "short/dppo_large"),
 }
@@ -75,6 +79,8 @@ SHORT_CAPTION = ("CPU scale, short runs: embedded model, 256 training problems x
                  "completions), seed 0, 2 CPU cores; accuracy = final Pass@1 (%) over 6 held-out splits (64 problems x "
                  "4 samples); speed-up vs GRPO in training-step seconds. Single seed: accuracy differences of a few "
                  "points are within run-to-run noise at this scale.")
+T2_NOTE = (" T2 runs are off-policy: 4 minibatch updates per step (on-policy, GSPO's gradient equals GRPO's)."
+           " Speed-up of X + DPPO is against X.")
 T1_CAPTION = ("Main results at CPU scale: embedded Qwen3-architecture model (0.8 M parameters), synthetic math task "
               "(640 training problems x 3 epochs = 120 steps of 16 prompts x 8 completions, seed 0, 2 CPU cores). "
               "Accuracy: final Pass@1 (%) over 6 held-out splits (64 problems x 4 samples each); train_s: "
@@ -201,10 +207,10 @@ def table(runs: dict[str, Path], baseline: str, name: str, caption: str, paper_k
 
 def table_t2(runs: dict[str, Path], out: Path = FIGURES) -> pd.DataFrame:
     """T2: every run against GRPO, then each X + DPPO's speed-up against its own base algorithm X."""
-    df = table(runs, "GRPO", "T2_algorithms", SHORT_CAPTION, "T2", out)
+    df = table(runs, "GRPO", "T2_algorithms", SHORT_CAPTION + T2_NOTE, "T2", out)
     for alg in ("DAPO", "GSPO"):
         df.loc[f"{alg} + DPPO", "speedup"] = df.loc[alg, "train_s"] / df.loc[f"{alg} + DPPO", "train_s"]
-    write_table(df, "T2_algorithms", SHORT_CAPTION + " Speed-up of X + DPPO is against X.", "T2", out)
+    write_table(df, "T2_algorithms", SHORT_CAPTION + T2_NOTE, "T2", out)
     return df
 
 

@@ -17,7 +17,7 @@ from dppo.history import PromptHistory
 from dppo.losses import grpo_advantages, policy_objective
 from dppo.pruning import completion_candidates, inclusion_probs
 from dppo.reward import math_reward
-from dppo.rollout import HFRollout, SamplingParams
+from dppo.rollout import HFRollout, RolloutBatch, SamplingParams
 from dppo.scoring import completion_logprobs, pad_completions
 
 
@@ -50,13 +50,26 @@ def per_sample_gram(model, tok, batch, adv: torch.Tensor, kl_coef: float = 0.1, 
     return g @ g.T
 
 
-def gradient_gram(model, tok, prompts: list[str], answers: list[str], group_size: int, max_new_tokens: int = 48,
-                  kl_coef: float = 0.1, seed: int = 0) -> dict:
-    """rollout + GRPO advantages + per_sample_gram: rewards [B, G], adv [B, G], gram [N, N], lengths [N]."""
-    batch, rewards = rollout(model, tok, prompts, answers, group_size, max_new_tokens, seed)
+def gradient_gram(model, tok, prompts: list[str], answers: list[str], n_groups: int, group_size: int,
+                  zero_variance_groups: int, max_new_tokens: int = 48, kl_coef: float = 0.1, seed: int = 0) -> dict:
+    """Roll out every prompt, keep `n_groups` groups of which `zero_variance_groups` have all-equal rewards
+    (so the prompt stage has candidates: prompts whose last group had zero variance), then GRPO advantages
+    and per_sample_gram. Returns rewards [B, G], adv [B, G], gram [N, N], lengths [N]."""
+    G = group_size
+    batch, rewards = rollout(model, tok, prompts, answers, G, max_new_tokens, seed)
+    zero = (rewards.max(1).values == rewards.min(1).values).tolist()
+    pick = [b for b, z in enumerate(zero) if z][:zero_variance_groups]
+    pick += [b for b, z in enumerate(zero) if not z][: n_groups - len(pick)]
+    if len(pick) < n_groups:
+        raise ValueError(f"only {len(pick)} usable groups among {len(prompts)} prompts; pass more prompts")
+    pick.sort()
+    rows = [b * G + i for b in pick for i in range(G)]
+    sub = RolloutBatch(*([getattr(batch, f)[r] for r in rows] for f in
+                         ("prompt_ids", "completion_ids", "logprobs", "texts", "truncated")))
+    rewards = rewards[pick]
     adv = grpo_advantages(rewards)
-    return {"rewards": rewards, "adv": adv, "gram": per_sample_gram(model, tok, batch, adv, kl_coef, seed),
-            "lengths": [len(c) for c in batch.completion_ids]}
+    return {"rewards": rewards, "adv": adv, "gram": per_sample_gram(model, tok, sub, adv, kl_coef, seed),
+            "lengths": [len(c) for c in sub.completion_ids]}
 
 
 def history_from(rewards: torch.Tensor, adv: torch.Tensor, lengths: list[int]) -> PromptHistory:

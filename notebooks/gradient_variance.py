@@ -18,9 +18,10 @@
 # One real batch of the embedded policy (B prompts x G completions, rollouts fixed), per-sample gradients of
 # the clipped surrogate + k3 KL, and many mask draws per estimator. Measured variance (trace of the
 # covariance of grad L_hat) is compared with SPEC §2's closed form; measured bias (distance of the Monte-Carlo
-# mean from the full-batch gradient, in units of its standard error) is shown for DPPO beside biased DPPO
-# (no 1/pi), CPPO and GRESO. Every prompt's history is its own rollout (the next epoch's view), so
-# zero-variance groups are prompt candidates.
+# mean from the full-batch gradient, relative to its norm) is shown for DPPO beside biased DPPO (no 1/pi),
+# CPPO and GRESO. Half of the B groups have zero reward variance, and every prompt's history is its own
+# rollout (the next epoch's view), so those prompts are prompt-stage candidates. In GRPO a zero-variance
+# group has zero advantage, so pruning it costs only its KL term's variance (SPEC §2).
 
 # %% tags=["parameters"]
 import os
@@ -49,9 +50,9 @@ from dppo.task import make_train
 if smoke:
     prompts, group_size, rates, draws, results_dir = 3, 4, [0.0, 0.5], 300, "experiments/results/smoke/gradient_variance"
 model, tok = load_policy("embedded")
-problems = make_train(prompts * 4, seed=seed)[:: 4][:prompts]
-batch = variance.gradient_gram(model, tok, [p.prompt for p in problems], [p.answer for p in problems], group_size,
-                               seed=seed)
+problems = make_train(prompts * 4, seed=seed)  # a pool: half the kept groups must have zero reward variance
+batch = variance.gradient_gram(model, tok, [p.prompt for p in problems], [p.answer for p in problems], prompts,
+                               group_size, zero_variance_groups=prompts // 2, seed=seed)
 rewards, adv, gram = batch["rewards"], batch["adv"], batch["gram"]
 history = variance.history_from(rewards, adv, batch["lengths"])
 print("rewards per prompt:", rewards.mean(1).tolist())
@@ -93,6 +94,8 @@ assert (dppo["bias_in_se"] < 4).all(), dppo
 measured = dppo[dppo["rate"] > 0]
 assert ((measured["variance"] / measured["closed_form_variance"] - 1).abs() < 0.2).all(), measured
 assert measured["variance"].is_monotonic_increasing
+prompt_only = df[df["estimator"].str.startswith("DPPO prompt only") & (df["rate"] > 0)]
+assert (prompt_only["variance"] > 0).all()  # the prompt stage had candidates to prune
 if not smoke:
     assert (df[df["estimator"] == "DPPO without 1/pi"].query("rate > 0")["bias_in_se"] > 4).all()
 
