@@ -65,10 +65,17 @@ T4_RUNS = {
     "without Dense Prompt Packing": (_D, {**SHORT, "packing": "none", "refill": "none"}, "short/dppo_nopack"),
 }
 T5_RATES = (0.3, 0.5, 0.7)
-T5_RUNS = {"GRPO": _ON["GRPO"], **{
-    f"r_q={rq}, r_o={ro}": (_D, {**SHORT, "prompt_prune_rate": rq, "completion_prune_rate": ro},
-                            "short/dppo" if (rq, ro) == (0.5, 0.5) else f"short/dppo_rq{rq}_ro{ro}")
-    for rq in T5_RATES for ro in T5_RATES}}
+
+
+def t5_runs(rates=T5_RATES) -> dict:
+    """T5 layout: GRPO and DPPO at every (r_q, r_o) of the grid."""
+    return {"GRPO": _ON["GRPO"], **{
+        f"r_q={rq}, r_o={ro}": (_D, {**SHORT, "prompt_prune_rate": rq, "completion_prune_rate": ro},
+                                "short/dppo" if (rq, ro) == (0.5, 0.5) else f"short/dppo_rq{rq}_ro{ro}")
+        for rq in rates for ro in rates}}
+
+
+T5_RUNS = t5_runs()
 T3_RUNS = {
     "GRPO, embedded (0.8 M)": _ON["GRPO"],
     "DPPO, embedded (0.8 M)": _ON["DPPO"],

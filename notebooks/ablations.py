@@ -42,8 +42,7 @@ t4 = report.table(runs4, "GRPO", "T4_ablations", report.SHORT_CAPTION, "T4", out
 t4.round(3)
 
 # %%
-grid = {k: v for k, v in report.T5_RUNS.items()
-        if k == "GRPO" or any(k == f"r_q={a}, r_o={b}" for a in rates for b in rates)}
+grid = report.t5_runs(rates)
 runs5 = report.run_layout({k: (cfg, {**over, **overrides}, sub) for k, (cfg, over, sub) in grid.items()}, smoke=smoke)
 t5 = report.table(runs5, "GRPO", "T5_sensitivity", report.SHORT_CAPTION + f" Grid r_q, r_o in {rates}.", "T5", out)
 fig = report.figure_t5(t5, rates, out=out)

@@ -24,7 +24,8 @@
 # %% tags=["parameters"]
 import os
 
-overrides = {}
+overrides = {}  # applied to every run (paper scale: the base model, data and setup)
+large_model = "embedded-large"  # the larger model's model_name_or_path (paper scale: hf:Qwen/Qwen3-8B)
 smoke = os.environ.get("DPPO_SMOKE") == "1"
 
 # %%
@@ -34,10 +35,11 @@ while not (Path.cwd() / "experiments").is_dir():
     os.chdir("..")
 from dppo import report
 
-layout = dict(report.T3_RUNS)
 if smoke:  # the larger model takes minutes to build: smoke runs use the small one for both rows
-    layout = {k: (cfg, {**over, "model_name_or_path": "embedded"}, sub) for k, (cfg, over, sub) in layout.items()}
-runs = report.run_layout({k: (cfg, {**over, **overrides}, sub) for k, (cfg, over, sub) in layout.items()}, smoke=smoke)
+    large_model = "embedded"
+layout = {k: (cfg, {**over, **overrides, **({"model_name_or_path": large_model} if "large" in sub else {})}, sub)
+          for k, (cfg, over, sub) in report.T3_RUNS.items()}
+runs = report.run_layout(layout, smoke=smoke)
 out = report.figures_dir(smoke)
 t3 = report.table_t3(runs, out)
 t3.round(3)
