@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The reproduction: bootstrap .venv, run every study notebook at CPU scale on the embedded default (papermill),
-# then paper_figures (every table and figure of SPEC §6 into figures/). Executed notebooks are kept under
+# then paper_figures (every table and figure of docs/method.md §6 into figures/). Executed notebooks are kept under
 # experiments/results/notebooks/.
 #
 #   ./reproduce.sh                          every study, then paper_figures

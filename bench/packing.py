@@ -1,4 +1,4 @@
-"""Padded vs densely packed update on the same kept sequences of a real DPPO step (SPEC §3).
+"""Padded vs densely packed update on the same kept sequences of a real DPPO step (docs/method.md §3).
 
     python bench/packing.py [--capacity 128 256 512 1024] [--reps 5] [--csv OUT.csv] [--smoke]
 

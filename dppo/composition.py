@@ -1,5 +1,5 @@
 """Which prompts a step covers: the seeded per-epoch prompt stream and refill from a look-ahead window
-(SPEC §3.1, the first half of Dense Prompt Packing).
+(docs/method.md §3.1, the first half of Dense Prompt Packing).
 
 Without refill a step covers the next B prompts of the stream. With refill the step reads a window of W
 prompts and covers prompts from it, greedily by estimated completion length (longest first), while the
@@ -13,10 +13,11 @@ window for the next step; a window never spans two epochs, so every prompt is co
 an epoch takes about (1 - mean pruned fraction) as many steps.
 
 Unbiasedness: the covered set S is decided from the history alone, *before* the step's masks are drawn,
-so given the history it is fixed and the step's normaliser |S| * G is a constant: E[L_hat | history] = L(S)
-exactly, for every step (SPEC §2). (Covering prompts until a realised count of kept prompts is reached
-would make |S| depend on the masks and bias the covered-count normaliser.) The rollout cost is then
-random around the budget; with `fixed_count` prompt sampling and a prompt budget it is exact.
+so given the history it is fixed and so is the step's normaliser (|S| G, or B G with `loss_normaliser:
+fixed`): E[L_hat | history] = L(S) exactly, for every step (docs/method.md §2.5-2.6). (Covering prompts until
+a realised count of kept prompts is reached would make |S| depend on the masks and bias the covered-count
+normaliser.) The rollout cost is then random around the budget; with `fixed_count` prompt sampling and a
+prompt budget it is exact.
 """
 
 from __future__ import annotations
@@ -92,28 +93,18 @@ class StepComposer:
     def finished(self) -> bool:
         return self.covered >= self.stream.limit
 
-    def mean_length(self, history) -> float:
-        """Mean completion length over all recorded prompts (`default_length` before any rollout)."""
-        seen = [r.mean_length for r in history.records.values()]
-        return sum(seen) / len(seen) if seen else self.default_length
-
-    def estimated_lengths(self, keys: list[int], history) -> list[float]:
-        """len_q: mean completion length at the last visit; never seen: the mean over recorded prompts."""
-        default = self.mean_length(history)
-        return [history.get(k).mean_length if history.get(k) is not None else default for k in keys]
-
     def next_keys(self, n_prompts: int, history, pruner) -> list[int]:
         """The prompts the next step covers. `n_prompts` is the budget in prompts (B, or CPPO's allocation)."""
         if self.refill == "none":
             return self.stream.take(n_prompts)
         if not self.window or self.stream.consumed % self.stream.size:  # never mix two epochs in the window
             self.window += self.stream.take(min(self.window_size - len(self.window), self.stream.left_in_epoch()))
-        est = self.estimated_lengths(self.window, history)
+        est = history.estimated_lengths(self.window, self.default_length)
         if self.refill == "prompts":
             costs, budget = [1.0] * len(est), float(n_prompts)
         else:  # tokens generated: G completions of len_q each; default budget = B groups of mean length
             costs = [self.group_size * x for x in est]
-            budget = float(self.token_budget or n_prompts * self.group_size * self.mean_length(history))
+            budget = float(self.token_budget or n_prompts * self.group_size * history.mean_length(self.default_length))
         chosen = compose_step(est, lambda idx: pruner.prompt_inclusion([self.window[i] for i in idx], history),
                               costs, budget)
         keys = [self.window[i] for i in chosen]

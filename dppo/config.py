@@ -13,18 +13,24 @@ from pathlib import Path
 
 import yaml
 
+from dppo.composition import REFILL_MODES
+from dppo.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
+from dppo.pruning import NORMALISERS, PRUNER_FIELDS, PRUNERS, SAMPLING_MODES
+
 
 class ConfigError(ValueError):
     """A one-line, user-facing configuration error."""
 
 
-# algorithm -> defaults for the fields left as None (advantage, policy loss, aggregation, clip range)
+# algorithm -> defaults for the fields left as None (reward scaling, policy loss, aggregation, clip range)
 ALGORITHMS = {
-    "grpo": dict(advantage="grpo", loss_type="ppo_clip", loss_agg="seq-mean-token-mean", clip_low=0.2, clip_high=0.2),
-    "drgrpo": dict(advantage="drgrpo", loss_type="ppo_clip", loss_agg="seq-mean-token-sum-norm", clip_low=0.2,
+    "grpo": dict(scale_rewards="group", loss_type="ppo_clip", loss_agg="seq-mean-token-mean", clip_low=0.2,
+                 clip_high=0.2),
+    "drgrpo": dict(scale_rewards="none", loss_type="ppo_clip", loss_agg="seq-mean-token-sum-norm", clip_low=0.2,
                    clip_high=0.2),
-    "dapo": dict(advantage="grpo", loss_type="ppo_clip", loss_agg="token-mean", clip_low=0.2, clip_high=0.28),
-    "gspo": dict(advantage="grpo", loss_type="gspo", loss_agg="seq-mean-token-mean", clip_low=3e-4, clip_high=4e-4),
+    "dapo": dict(scale_rewards="group", loss_type="ppo_clip", loss_agg="token-mean", clip_low=0.2, clip_high=0.28),
+    "gspo": dict(scale_rewards="group", loss_type="gspo", loss_agg="seq-mean-token-mean", clip_low=3e-4,
+                 clip_high=4e-4),
 }
 
 
@@ -53,41 +59,53 @@ class TrainConfig:
     chat_template: bool = _f(False, "Paper scale: wrap prompts in the tokenizer's chat template (a user turn).")
     # ---- algorithm
     algorithm: str = _f("grpo", "Base algorithm; fills the fields below that are left null.", choices=tuple(ALGORITHMS))
-    advantage: str = _f(None, "Advantage estimator.", choices=("grpo", "drgrpo"))
-    loss_type: str = _f(None, "Per-token surrogate.", choices=("ppo_clip", "gspo"))
-    loss_agg: str = _f(None, "Loss aggregation (SPEC §2).",
-                       choices=("seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"))
+    scale_rewards: str = _f(None, "Advantage A = r - group mean, divided by (std + adv_eps) of the group (GRPO), of "
+                            "the step's whole batch, or not at all (Dr. GRPO): TRL's scale_rewards "
+                            "(docs/method.md §2.1; 'batch' is not exact under prompt pruning, §2.8).",
+                            choices=tuple(ADVANTAGES))
+    loss_type: str = _f(None, "Surrogate: token-level clipped ratio, or GSPO's sequence-level ratio (§2.2).",
+                        choices=tuple(POLICY_LOSSES))
+    loss_agg: str = _f(None, "Loss aggregation (docs/method.md §2.2; TRL grpo = seq-mean-token-mean, dr_grpo = "
+                       "seq-mean-token-sum-norm, dapo = token-mean).", choices=tuple(AGGREGATIONS))
     clip_low: float = _f(None, "Lower clip range epsilon_low of the ratio.")
     clip_high: float = _f(None, "Upper clip range epsilon_high (DAPO clip-higher when larger than clip_low).")
     kl_coef: float = _f(0.0, "Coefficient beta of the k3 KL penalty to the initial policy (0 = no reference model).")
-    adv_eps: float = _f(1e-6, "epsilon in A = (r - mean) / (std + epsilon).")
-    # ---- pruning (SPEC §2)
+    kl_bias_correction: bool = _f(False, "Multiply the k3 KL by the ratio pi/pi_old (TRL use_bias_correction_kl, "
+                                  "DeepSeek-V3.2; TRL's default is off).")
+    adv_eps: float = _f(1e-6, "epsilon in A = (r - mean) / (std + epsilon): 1e-6 as verl (the paper's framework); "
+                        "TRL hard-codes 1e-4.")
+    # ---- pruning (docs/method.md §2.3-2.6)
     pruner: str = _f("none", "none | dppo (unbiased, 1/pi weights) | dppo_biased (same masks, no weights) | cppo | "
-                     "greso | dapo_filter.", choices=("none", "dppo", "dppo_biased", "cppo", "greso", "dapo_filter"))
+                     "greso | dapo_filter.", choices=tuple(PRUNERS))
     prompt_prune_rate: float = _f(0.0, "r_q: candidate prompts are kept with probability 1 - r_q (dppo*).")
     completion_prune_rate: float = _f(0.0, "r_o: candidate completions are kept with probability 1 - r_o (dppo*); "
                                       "CPPO's pruning rate P.")
     prune_sampling: str = _f("bernoulli", "bernoulli (independent) or fixed_count (floor(r n) of n candidates "
-                             "dropped uniformly); both exact.", choices=("bernoulli", "fixed_count"))
+                             "dropped uniformly); both exact.", choices=SAMPLING_MODES)
+    loss_normaliser: str = _f("covered", "Z of the re-weighted loss (docs/method.md §2.6): covered = the step's "
+                              "covered prompts x G (each step unbiased for the mean loss of the prompts it covers); "
+                              "fixed = prompts_per_step x G (the sum over an epoch unbiased for GRPO's; differs "
+                              "from covered only with refill). Token-mean counts tokens instead.",
+                              choices=NORMALISERS)
     prompt_candidate_rule: str = _f("zero_variance", "Prompt candidates: zero-variance group at the last visit, "
                                     "or mean |A| below abs_adv_threshold.", choices=("zero_variance", "abs_adv"))
     abs_adv_threshold: float = _f(0.1, "Threshold of the abs_adv prompt candidate rule.")
     cppo_per_group: bool = _f(True, "CPPO: top-|A| per group (true) or over the whole batch (false).")
     cppo_allocation: bool = _f(True, "CPPO: roll out ceil(B / (1 - P)) prompts per step so ~B*G completions train.")
     dapo_max_rounds: int = _f(4, "DAPO dynamic sampling: at most this many rollout rounds to fill B informative groups.")
-    # ---- packing (SPEC §3)
+    # ---- packing (docs/method.md §3)
     packing: str = _f("none", "Update-phase layout: none (padded micro-batches of micro_batch_size rows) or dense "
                       "(padding-free rows of pack_capacity tokens, micro-batches of micro_batch_tokens).",
                       choices=("none", "dense"))
     pack_capacity: int = _f(256, "dense packing: tokens per packed row (C). On CPU keep it small (128-256): masked "
                             "attention costs grow with the row length; with flash-attn varlen on GPU use thousands.")
     micro_batch_tokens: int = _f(4096, "dense packing: token budget of one forward/backward.")
-    refill: str = _f("none", "Step composition (SPEC §3.1): none = each step covers the next prompts_per_step "
+    refill: str = _f("none", "Step composition (docs/method.md §3.1): none = each step covers the next prompts_per_step "
                      "prompts; prompts / tokens = cover prompts from a look-ahead window, longest first, until "
                      "the expected rolled-out prompts (prompts_per_step) or generated tokens "
                      "(rollout_token_budget) fill the step, so pruned prompts are replaced and an epoch takes "
                      "fewer steps. Exactly unbiased (the covered set is fixed before the masks are drawn).",
-                     choices=("none", "prompts", "tokens"))
+                     choices=REFILL_MODES)
     refill_window: int = _f(0, "Look-ahead window W of refill, in prompts (0 = 2 x prompts_per_step).")
     rollout_token_budget: int = _f(0, "refill=tokens: expected completion tokens generated per step (0 = "
                                    "prompts_per_step x group_size x the mean completion length so far).")
@@ -147,6 +165,14 @@ class TrainConfig:
                "'none' with pruner dapo_filter (DAPO refills by its own rounds)", self.refill)
         for name in ("prompt_prune_rate", "completion_prune_rate"):
             _check(0 <= float(getattr(self, name)) < 1, name, "a number in [0, 1)", getattr(self, name))
+        _check(self.loss_normaliser == "covered" or PRUNERS[self.pruner].weighted, "loss_normaliser",
+               f"'covered' with pruner {self.pruner} (an unweighted baseline: a plain mean over what it keeps)",
+               self.loss_normaliser)
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in ("prompt_prune_rate", "completion_prune_rate"):
+            _check(getattr(self, name) == defaults[name] or name in PRUNER_FIELDS.get(self.pruner, ()), name,
+                   f"0 with pruner {self.pruner} (read by: "
+                   f"{', '.join(p for p, f in PRUNER_FIELDS.items() if name in f)})", getattr(self, name))
         _check(0 <= self.clip_low < 1, "clip_low", "a number in [0, 1)", self.clip_low)
         _check(self.clip_high >= 0, "clip_high", "a number >= 0", self.clip_high)
         _check(self.prompts_per_step * self.group_size >= self.num_minibatches, "num_minibatches",

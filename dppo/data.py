@@ -1,7 +1,7 @@
 """Problems and where they come from: the embedded task, local jsonl/parquet files, or the hub.
 
 A `Problem` is a prompt with its gold answer. Paper-scale data (MATH, GSM8K, the six eval
-benchmarks; SPEC §4) are read from local `.jsonl`/`.parquet` files, or from the Hugging Face hub
+benchmarks; docs/method.md §4) are read from local `.jsonl`/`.parquet` files, or from the Hugging Face hub
 when the path is written `hf:<dataset>[:<split>[:<subset>]]` (needs the `datasets` package and a
 network), e.g. `hf:HuggingFaceH4/MATH-500:test` or `hf:openai/gsm8k:test:main`.
 """

@@ -1,4 +1,4 @@
-"""Evaluation: Pass@1 averaged over k samples per problem, per split and on average (SPEC §4).
+"""Evaluation: Pass@1 averaged over k samples per problem, per split and on average (docs/method.md §4).
 
     pass@1(split) = 1/(|split| k) * sum_problems sum_{j<k} reward(sample_j, gold)
 """

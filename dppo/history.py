@@ -1,5 +1,6 @@
-"""Per-prompt history, updated after every rollout of a prompt; read by the prompt stage (SPEC §2)
-and by GRESO. Saved in and restored from checkpoints (plain JSON)."""
+"""Per-prompt history, updated after every rollout of a prompt; read by the prompt stage (docs/method.md
+§2.3), by GRESO, by step composition (§3.1) and by the token-mean normaliser (§2.6). Saved in and restored
+from checkpoints (plain JSON)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,16 @@ class PromptHistory:
         rec.mean_length = sum(lengths) / g
         rec.easy_streak = rec.easy_streak + 1 if all_correct else 0
         rec.hard_streak = rec.hard_streak + 1 if all_wrong else 0
+
+    def mean_length(self, default: float) -> float:
+        """Mean completion length over all recorded prompts (`default` before any rollout)."""
+        seen = [r.mean_length for r in self.records.values()]
+        return sum(seen) / len(seen) if seen else default
+
+    def estimated_lengths(self, keys: list[int], default: float) -> list[float]:
+        """len_q: a prompt's mean completion length at its last visit; never seen: mean_length(default)."""
+        fallback = self.mean_length(default)
+        return [self.records[k].mean_length if k in self.records else fallback for k in keys]
 
     def state_dict(self) -> dict:
         return {str(k): asdict(v) for k, v in self.records.items()}

@@ -1,4 +1,4 @@
-"""Policies: the embedded tiny Qwen3 model (SPEC §4) and real checkpoints.
+"""Policies: the embedded tiny Qwen3 model (docs/method.md §4) and real checkpoints.
 
 `load_policy("embedded")` returns a tiny `Qwen3ForCausalLM` with a BPE tokenizer trained on the
 embedded task, warm-started by a short supervised phase on worked solutions so that it starts well

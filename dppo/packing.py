@@ -1,4 +1,4 @@
-"""Padding-free packed scoring (SPEC §3, part 2).
+"""Padding-free packed scoring (docs/method.md §3.2).
 
 Kept (prompt, completion) sequences are packed into rows of at most `capacity` tokens by
 best-fit-decreasing; position ids restart at 0 for every sequence and no attention mask is passed,
@@ -12,6 +12,8 @@ boundaries (which would predict the next sequence's first token) are never used.
 from __future__ import annotations
 
 import torch
+
+from dppo.scoring import at_least_fp32
 
 
 def best_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -75,7 +77,7 @@ def packed_completion_logprobs(model, prompt_ids: list[list[int]], completion_id
         out_n.append(torch.full((c,), i))
         out_t.append(t)
     rows, cols, out_n, out_t = (torch.cat(x) for x in (rows, cols, out_n, out_t))
-    sel = logits[rows, cols].float() / temperature  # [tokens, V]
+    sel = at_least_fp32(logits[rows, cols]) / temperature  # [tokens, V]
     target = ids[rows, cols + 1]
     logp_flat = torch.log_softmax(sel, dim=-1).gather(-1, target[:, None]).squeeze(-1)
     logp = torch.zeros((len(lengths), tc), dtype=logp_flat.dtype).index_put((out_n, out_t), logp_flat)

@@ -1,24 +1,33 @@
-"""Hierarchical pruning with exact inclusion probabilities (SPEC §2), and the biased baselines.
+"""Hierarchical pruning with exact inclusion probabilities, the biased baselines, and one pruning step
+(docs/method.md §2.3-2.6 and §2.9).
 
-Pure functions on tensors; masks are drawn from an explicit `torch.Generator` (never the global
-stream), once per step, and never depend on the policy parameters, so
+Masks are drawn from an explicit `torch.Generator` (never the global stream), once per step, and never
+depend on the policy parameters, so with weights w = 1 / (pi_q pi_o) and a normaliser Z fixed before the
+masks are drawn
 
-    L_hat = 1/(B G) * sum_{kept (b,i)} l_{b,i} / (pi_q(b) pi_o(b,i))   satisfies   E[L_hat] = L.
+    L_hat = 1/Z * sum_{kept (b,i)} w_{b,i} l_{b,i}   satisfies   E[L_hat | history, rollouts] = 1/Z * sum_{b,i} l_{b,i}.
 
 Sampling modes, both exact:
   * "bernoulli":   each candidate is kept independently with pi = 1 - r;
   * "fixed_count": k = floor(r n) of the n candidates are dropped, a uniformly random subset; pi = (n - k)/n.
 Non-candidates are always kept (pi = 1).
+
+`prune_step` is the one place a step's stages run in order (prompt stage -> rollout -> full-group advantages
+-> completion stage -> weights and normaliser); the trainer, `dppo.variance` and the tests all call it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
+from dppo.losses import ADVANTAGES
+
 SAMPLING_MODES = ("bernoulli", "fixed_count")
+NORMALISERS = ("covered", "fixed")
 
 
 def inclusion_probs(candidates: torch.Tensor, rate: float, mode: str) -> torch.Tensor:
@@ -81,6 +90,145 @@ def cppo_keep(adv: torch.Tensor, prune_rate: float, per_group: bool = True) -> t
     return keep
 
 
+# ------------------------------------------------------------------ normalisers (docs/method.md §2.6)
+def unbiased_normaliser(loss_agg: str, prompt_pi: torch.Tensor, prompt_keep: torch.Tensor,
+                        rolled_lengths: torch.Tensor, est_lengths: torch.Tensor, mode: str = "covered",
+                        prompts_per_step: int | None = None) -> float:
+    """Z of the re-weighted loss, fixed before the masks are drawn (given the history and the rollouts).
+
+    prompt_pi, prompt_keep, est_lengths [S] over the covered prompts; rolled_lengths [K, G] completion
+    lengths of the rolled-out (kept) prompts, in order.
+      * seq-mean aggregations: Z = |S| G;
+      * token-mean: Z = sum_{b: pi_b = 1} T_b + sum_{b: pi_b < 1} G len_b, T_b = the tokens of b's G
+        completions (rolled out for certain, pruned or kept by the completion stage), len_b = b's mean
+        completion length at its last visit (a prompt that may be pruned has no token count that does not
+        depend on the mask). With no prompt candidates Z is DAPO's token count of the whole batch.
+      * mode "fixed": Z * prompts_per_step / |S| (= B G for seq-mean: epoch-level exactness, §2.6)."""
+    S, G = prompt_keep.numel(), rolled_lengths.shape[1]
+    if loss_agg == "token-mean":
+        certain = prompt_pi[prompt_keep] >= 1.0  # [K]: prompts rolled out whatever the mask
+        z = float(rolled_lengths[certain].sum()) + G * float(est_lengths[prompt_pi < 1.0].sum())
+    else:
+        z = float(S * G)
+    if mode == "fixed":
+        z *= (prompts_per_step or S) / S
+    elif mode != "covered":
+        raise ValueError(f"config field 'loss_normaliser' must be one of {list(NORMALISERS)}, got {mode!r}")
+    return z
+
+
+def kept_normaliser(loss_agg: str, keep: torch.Tensor, rolled_lengths: torch.Tensor) -> float:
+    """The biased baselines' plain mean over what they keep: kept rows, or kept tokens for token-mean."""
+    if loss_agg == "token-mean":
+        return float(max(1, int(rolled_lengths[keep].sum())))
+    return float(max(1, int(keep.sum())))
+
+
+# ------------------------------------------------------------------ pruners, each with its own settings
+@dataclass
+class Selection:
+    keep: torch.Tensor  # bool, [B] (prompt stage) or [B, G] (completion stage)
+    pi: torch.Tensor  # float64 inclusion probability, same shape
+
+
+class Pruner:
+    """No pruning. Subclasses override a stage; `prune_step` calls select_prompts -> rollout ->
+    select_completions -> limit -> loss_weights, and the trainer calls after_step."""
+
+    weighted = True  # 1/pi weights over an unbiased normaliser (False: plain mean over what is kept)
+    refill_rounds = 1  # rollout rounds a step may take (DAPO dynamic sampling refills)
+
+    def prompts_to_cover(self, batch_prompts: int) -> int:
+        """How many prompts a step takes from the data stream (B; CPPO's allocation takes more)."""
+        return batch_prompts
+
+    def needs_refill(self, rewards: torch.Tensor, batch_prompts: int) -> bool:
+        """Whether to roll out another round of prompts (only DAPO dynamic sampling does)."""
+        return False
+
+    def limit(self, keep: torch.Tensor, batch_prompts: int) -> torch.Tensor:
+        """Final cap on the kept [B', G] rows (DAPO trains at most B groups)."""
+        return keep
+
+    def prompt_inclusion(self, keys: list[int], history) -> torch.Tensor:
+        """pi_q [len(keys)] float64 the prompt stage would use for this set, without drawing (step
+        composition budgets with it, docs/method.md §3.1)."""
+        return torch.ones(len(keys), dtype=torch.float64)
+
+    def select_prompts(self, keys: list[int], history, gen: torch.Generator) -> Selection:
+        n = len(keys)
+        return Selection(torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=torch.float64))
+
+    def select_completions(self, rewards: torch.Tensor, adv: torch.Tensor, gen: torch.Generator) -> Selection:
+        return Selection(torch.ones_like(adv, dtype=torch.bool), torch.ones_like(adv, dtype=torch.float64))
+
+    def loss_weights(self, prompts: Selection, completions: Selection) -> torch.Tensor:
+        """Weight of each kept row [R] float64: 1/(pi_q pi_o) when `weighted`, else 1."""
+        keep = completions.keep
+        if self.weighted:
+            return importance_weights(prompts.pi[prompts.keep], completions.pi)[keep]
+        return torch.ones(int(keep.sum()), dtype=torch.float64)
+
+    def after_step(self, rolled_rewards: torch.Tensor, epoch: int) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+@dataclass
+class DPPO(Pruner):
+    """Dynamic Pruning Policy Optimization: random inclusion at both stages, 1/pi weights (§2.3)."""
+    prompt_rate: float = 0.0  # r_q
+    completion_rate: float = 0.0  # r_o
+    sampling: str = "bernoulli"
+    prompt_rule: str = "zero_variance"  # or "abs_adv": mean |A| at the last visit below abs_adv_threshold
+    abs_adv_threshold: float = 0.1
+
+    def prompt_candidates(self, keys: list[int], history) -> torch.Tensor:
+        """[S] bool from history: zero-variance group at the last visit (or mean |A| below the threshold);
+        never-seen prompts are never candidates."""
+        out = torch.zeros(len(keys), dtype=torch.bool)
+        for j, k in enumerate(keys):
+            rec = history.get(k)
+            if rec is not None:
+                out[j] = rec.zero_variance if self.prompt_rule == "zero_variance" \
+                    else rec.mean_abs_adv < self.abs_adv_threshold
+        return out
+
+    def prompt_inclusion(self, keys, history):
+        return inclusion_probs(self.prompt_candidates(keys, history), self.prompt_rate, self.sampling)
+
+    def select_prompts(self, keys, history, gen):
+        return Selection(*draw_keep_mask(self.prompt_candidates(keys, history), self.prompt_rate, self.sampling, gen))
+
+    def select_completions(self, rewards, adv, gen):
+        return Selection(*draw_keep_mask(completion_candidates(adv, rewards), self.completion_rate, self.sampling, gen))
+
+
+class BiasedDPPO(DPPO):
+    """Ablation: DPPO's masks without the 1/pi weights (plain mean over the kept rows)."""
+    weighted = False
+
+
+@dataclass
+class CPPO(Pruner):
+    """CPPO: keep the top ceil((1-P) G) |A| completions per group (or per batch); no weights."""
+    prune_rate: float = 0.0  # P
+    per_group: bool = True
+    allocation: bool = True  # roll out ceil(B / (1 - P)) prompts so ~B*G completions train
+    weighted = False
+
+    def prompts_to_cover(self, batch_prompts):
+        return math.ceil(batch_prompts / (1 - self.prune_rate)) if self.allocation else batch_prompts
+
+    def select_completions(self, rewards, adv, gen):
+        return Selection(cppo_keep(adv, self.prune_rate, self.per_group), torch.ones_like(adv, dtype=torch.float64))
+
+
 @dataclass
 class GresoState:
     """GRESO's adaptive exploration probabilities (one for all-correct, one for all-wrong prompts)."""
@@ -110,126 +258,12 @@ class GresoState:
         self.p_hard = move(self.p_hard, frac_hard, self.target_hard)
 
 
-# ------------------------------------------------------------------ pruners behind one interface
 @dataclass
-class Selection:
-    keep: torch.Tensor  # bool, [B] (prompt stage) or [B, G] (completion stage)
-    pi: torch.Tensor  # float64 inclusion probability, same shape
-
-
-class Pruner:
-    """Base class: no pruning. Subclasses override a stage; the trainer calls, per step,
-    select_prompts -> rollout -> select_completions -> loss_weights -> after_step."""
-
-    weighted = False  # whether loss_weights applies 1/pi
-    refill_rounds = 1  # rollout rounds a step may take (DAPO dynamic sampling refills)
-
-    def __init__(self, prompt_rate: float = 0.0, completion_rate: float = 0.0, sampling: str = "bernoulli",
-                 prompt_rule: str = "zero_variance", abs_adv_threshold: float = 0.0, cppo_per_group: bool = True,
-                 cppo_allocation: bool = True, dapo_max_rounds: int = 4):
-        self.prompt_rate, self.completion_rate, self.sampling = prompt_rate, completion_rate, sampling
-        self.prompt_rule, self.abs_adv_threshold, self.cppo_per_group = prompt_rule, abs_adv_threshold, cppo_per_group
-        self.cppo_allocation, self.dapo_max_rounds = cppo_allocation, dapo_max_rounds
-
-    def prompts_to_cover(self, batch_prompts: int) -> int:
-        """How many prompts a step takes from the data stream (B; CPPO's allocation takes more)."""
-        return batch_prompts
-
-    def needs_refill(self, rewards: torch.Tensor, batch_prompts: int) -> bool:
-        """Whether to roll out another round of prompts (only DAPO dynamic sampling does)."""
-        return False
-
-    def limit(self, keep: torch.Tensor, batch_prompts: int) -> torch.Tensor:
-        """Final cap on the kept [B', G] rows (DAPO trains at most B groups)."""
-        return keep
-
-    def prompt_candidates(self, keys: list[int], history) -> torch.Tensor:
-        """[B] bool from history: zero-variance group at the last visit (or mean |A| below the
-        threshold); never-seen prompts are never candidates."""
-        out = torch.zeros(len(keys), dtype=torch.bool)
-        for j, k in enumerate(keys):
-            rec = history.get(k)
-            if rec is not None:
-                out[j] = rec.zero_variance if self.prompt_rule == "zero_variance" \
-                    else rec.mean_abs_adv < self.abs_adv_threshold
-        return out
-
-    def prompt_inclusion(self, keys: list[int], history) -> torch.Tensor:
-        """pi_q [len(keys)] float64 the prompt stage would use for this set, without drawing (step
-        composition budgets with it, SPEC §3.1)."""
-        return torch.ones(len(keys), dtype=torch.float64)
-
-    def select_prompts(self, keys: list[int], history, gen: torch.Generator) -> Selection:
-        n = len(keys)
-        return Selection(torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=torch.float64))
-
-    def select_completions(self, rewards: torch.Tensor, adv: torch.Tensor, gen: torch.Generator) -> Selection:
-        return Selection(torch.ones_like(adv, dtype=torch.bool), torch.ones_like(adv, dtype=torch.float64))
-
-    def loss_weights(self, prompts: Selection, completions: Selection, group_size: int) -> tuple[torch.Tensor, float]:
-        """Per kept row weight [K] and the loss normaliser. Unbiased (DPPO): 1/(pi_q pi_o) over the
-        covered prompts x G. Biased baselines: weight 1 over the kept count (a plain mean)."""
-        keep = completions.keep
-        if self.weighted:
-            w = importance_weights(prompts.pi[prompts.keep], completions.pi)[keep]
-            return w, float(prompts.keep.numel() * group_size)
-        return torch.ones(int(keep.sum()), dtype=torch.float64), float(max(1, int(keep.sum())))
-
-    def after_step(self, rolled_rewards: torch.Tensor, epoch: int) -> dict:
-        return {}
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-
-class NoPruner(Pruner):
-    weighted = True  # weights 1 over B*G: plain GRPO
-
-
-class DPPO(Pruner):
-    """Dynamic Pruning Policy Optimization: random inclusion at both stages, 1/pi weights."""
-    weighted = True
-
-    def prompt_inclusion(self, keys, history):
-        return inclusion_probs(self.prompt_candidates(keys, history), self.prompt_rate, self.sampling)
-
-    def select_prompts(self, keys, history, gen):
-        keep, pi = draw_keep_mask(self.prompt_candidates(keys, history), self.prompt_rate, self.sampling, gen)
-        return Selection(keep, pi)
-
-    def select_completions(self, rewards, adv, gen):
-        keep, pi = draw_keep_mask(completion_candidates(adv, rewards), self.completion_rate, self.sampling, gen)
-        return Selection(keep, pi)
-
-
-class BiasedDPPO(DPPO):
-    """Ablation: DPPO's masks without the 1/pi weights (kept-count normaliser)."""
-    weighted = False
-
-
-class CPPO(Pruner):
-    """CPPO: keep the top ceil((1-P) G) |A| completions per group (or per batch); no weights."""
-
-    def prompts_to_cover(self, batch_prompts):
-        if not self.cppo_allocation:
-            return batch_prompts
-        return math.ceil(batch_prompts / (1 - self.completion_rate))  # refill to ~B*G trained completions
-
-    def select_completions(self, rewards, adv, gen):
-        keep = cppo_keep(adv, self.completion_rate, self.cppo_per_group)
-        return Selection(keep, torch.ones_like(adv, dtype=torch.float64))
-
-
 class GRESO(Pruner):
     """GRESO: skip a prompt with prob. 1 - max(p^z, 0.01) (z = its recent zero-variance streak),
     p adapted toward the zero-variance targets after the first epoch; no weights."""
-
-    def __init__(self, **kw):
-        super().__init__(**kw)
-        self.state = GresoState()
+    state: GresoState = field(default_factory=GresoState)
+    weighted = False
 
     def prompt_inclusion(self, keys, history):
         skip = torch.zeros(len(keys), dtype=torch.float64)
@@ -259,13 +293,16 @@ class GRESO(Pruner):
         self.state.p_easy, self.state.p_hard = state["p_easy"], state["p_hard"]
 
 
+@dataclass
 class DAPOFilter(Pruner):
     """DAPO dynamic sampling: drop zero-variance groups, roll out more prompts until B groups are
-    informative (at most `dapo_max_rounds` rounds), train the first B; no weights."""
+    informative (at most `max_rounds` rounds), train the first B; no weights."""
+    max_rounds: int = 4
+    weighted = False
 
     @property
     def refill_rounds(self):
-        return self.dapo_max_rounds
+        return self.max_rounds
 
     def needs_refill(self, rewards, batch_prompts):
         return int((rewards.max(1).values != rewards.min(1).values).sum()) < batch_prompts
@@ -278,9 +315,88 @@ class DAPOFilter(Pruner):
         return keep & (keep.any(1).cumsum(0) <= batch_prompts)[:, None]
 
 
-def make_pruner(name: str, **kw) -> Pruner:
-    table = {"none": NoPruner, "dppo": DPPO, "dppo_biased": BiasedDPPO, "cppo": CPPO, "greso": GRESO,
-             "dapo_filter": DAPOFilter}
-    if name not in table:
-        raise ValueError(f"config field 'pruner' must be one of {list(table)}, got {name!r}")
-    return table[name](**kw)
+# name -> class; the config's `pruner` choices are these keys
+PRUNERS: dict[str, type[Pruner]] = {"none": Pruner, "dppo": DPPO, "dppo_biased": BiasedDPPO, "cppo": CPPO,
+                                    "greso": GRESO, "dapo_filter": DAPOFilter}
+# the config fields each pruner reads (anything else set away from its default is an error in the config)
+PRUNER_FIELDS: dict[str, tuple[str, ...]] = {
+    "dppo": ("prompt_prune_rate", "completion_prune_rate", "prune_sampling", "prompt_candidate_rule",
+             "abs_adv_threshold"),
+    "cppo": ("completion_prune_rate", "cppo_per_group", "cppo_allocation"),
+    "dapo_filter": ("dapo_max_rounds",),
+}
+PRUNER_FIELDS["dppo_biased"] = PRUNER_FIELDS["dppo"]
+
+
+def build_pruner(cfg) -> Pruner:
+    """The pruner named by `cfg.pruner`, given only its own settings from the config's fields."""
+    if cfg.pruner not in PRUNERS:
+        raise ValueError(f"config field 'pruner' must be one of {list(PRUNERS)}, got {cfg.pruner!r}")
+    if cfg.pruner in ("dppo", "dppo_biased"):
+        return PRUNERS[cfg.pruner](prompt_rate=cfg.prompt_prune_rate, completion_rate=cfg.completion_prune_rate,
+                                   sampling=cfg.prune_sampling, prompt_rule=cfg.prompt_candidate_rule,
+                                   abs_adv_threshold=cfg.abs_adv_threshold)
+    if cfg.pruner == "cppo":
+        return CPPO(prune_rate=cfg.completion_prune_rate, per_group=cfg.cppo_per_group, allocation=cfg.cppo_allocation)
+    if cfg.pruner == "dapo_filter":
+        return DAPOFilter(max_rounds=cfg.dapo_max_rounds)
+    return PRUNERS[cfg.pruner]()
+
+
+# ------------------------------------------------------------------ one pruning step
+@dataclass
+class PrunedStep:
+    """What one step keeps and how it weighs it. Rows index the rolled-out batch: row = j*G + i for the
+    i-th completion of the j-th rolled-out prompt."""
+    covered: list[int]  # [S] prompt keys the step covers (kept or pruned)
+    prompt: Selection  # [S] prompt stage
+    rolled: list[int]  # [K] keys rolled out, in rollout order
+    rewards: torch.Tensor  # [K, G]
+    lengths: torch.Tensor  # [K, G] completion lengths (tokens)
+    advantages: torch.Tensor  # [K, G] on the full groups, before completion pruning
+    completion: Selection  # [K, G] completion stage (after the pruner's limit)
+    rows: torch.Tensor  # [R] long, kept rows
+    weights: torch.Tensor  # [R] float64
+    normaliser: float  # Z
+
+
+Rollout = Callable[[list[int]], tuple[torch.Tensor, torch.Tensor]]  # keys -> rewards [K, G], lengths [K, G]
+
+
+def prune_step(pruner: Pruner, keys: list[int], history, rollout: Rollout, gen: torch.Generator, *,
+               group_size: int, scale_rewards: str = "group", adv_eps: float = 1e-6,
+               loss_agg: str = "seq-mean-token-mean", loss_normaliser: str = "covered",
+               prompts_per_step: int | None = None, more_keys: Callable[[int], list[int]] | None = None,
+               default_length: float = 1.0) -> PrunedStep:
+    """Prompt stage on the covered `keys` -> `rollout` of the kept ones -> (DAPO: more rounds from
+    `more_keys`) -> full-group advantages -> completion stage -> weights and normaliser (docs/method.md §2).
+
+    The history is read, not written (the caller records the rollouts afterwards); the token-mean
+    normaliser reads the prompts' last lengths before this step's rollouts."""
+    G, B = group_size, prompts_per_step or len(keys)
+    psel = pruner.select_prompts(keys, history, gen)
+    est = torch.tensor(history.estimated_lengths(keys, default_length), dtype=torch.float64)
+    rolled = [k for k, kept in zip(keys, psel.keep.tolist()) if kept]
+    rewards, lengths = rollout(rolled) if rolled else (torch.zeros(0, G), torch.zeros(0, G, dtype=torch.long))
+    for _ in range(pruner.refill_rounds - 1):  # DAPO dynamic sampling
+        if more_keys is None or not pruner.needs_refill(rewards, B):
+            break
+        extra = more_keys(B)
+        esel = pruner.select_prompts(extra, history, gen)
+        est = torch.cat([est, torch.tensor(history.estimated_lengths(extra, default_length), dtype=torch.float64)])
+        extra_rolled = [k for k, kept in zip(extra, esel.keep.tolist()) if kept]
+        if extra_rolled:
+            more_r, more_l = rollout(extra_rolled)
+            rewards, lengths = torch.cat([rewards, more_r]), torch.cat([lengths, more_l])
+        keys, rolled = keys + extra, rolled + extra_rolled
+        psel = Selection(torch.cat([psel.keep, esel.keep]), torch.cat([psel.pi, esel.pi]))
+    adv = ADVANTAGES[scale_rewards](rewards, adv_eps) if rolled else torch.zeros(0, G)
+    csel = pruner.select_completions(rewards, adv, gen)
+    csel.keep = pruner.limit(csel.keep, B)
+    weights = pruner.loss_weights(psel, csel)
+    if pruner.weighted:
+        norm = unbiased_normaliser(loss_agg, psel.pi, psel.keep, lengths, est, loss_normaliser, B)
+    else:
+        norm = kept_normaliser(loss_agg, csel.keep, lengths)
+    return PrunedStep(keys, psel, rolled, rewards, lengths, adv, csel, csel.keep.reshape(-1).nonzero().flatten(),
+                      weights, norm)

@@ -1,4 +1,4 @@
-"""Runs, tables and figures of the reproduction (SPEC §6). The notebooks call these; nothing here trains
+"""Runs, tables and figures of the reproduction (docs/method.md §6). The notebooks call these; nothing here trains
 by itself except `run`, which is `dppo train` with a smoke switch and a skip for finished runs.
 
 Wall-clock is the sum of `timing_s/step` (training steps; evaluation excluded), so runs compare on the
@@ -18,7 +18,7 @@ from dppo.trainer import Trainer, load_data, read_metrics
 FIGURES = Path("figures")
 SPLITS = ("level1", "level2", "level3", "level4", "level5", "ood")
 
-# SPEC §1: what the paper reports (Qwen3, MATH, 8xH100, verl + vLLM). Printed beside our numbers.
+# docs/method.md §1: what the paper reports (Qwen3, MATH, 8xH100, verl + vLLM). Printed beside our numbers.
 PAPER = {
     "T1": "Qwen3-4B on MATH: DPPO 2.37x training speed-up over GRPO and +3.36 points average accuracy "
           "(GRESO and CPPO faster than GRPO but less accurate than DPPO).",
@@ -263,7 +263,7 @@ def figure_f3(results_dir: str | Path, name: str = "F3_gradient_variance", out: 
         d = df[df["estimator"] == est]
         ax1.plot(d["rate"], d["variance_rel"], style, label=f"{est}, measured")
         ax1.plot(d["rate"], d["closed_form_variance"] / d["full_grad_sq"], "k:", lw=1)
-    ax1.plot([], [], "k:", lw=1, label="closed form (SPEC §2)")
+    ax1.plot([], [], "k:", lw=1, label="closed form (docs/method.md §2)")
     ax1.set(xlabel="pruning rate r", ylabel="tr Cov[grad L_hat] / ||grad L||^2", title="variance")
     ax1.legend(fontsize=7)
     norm = df["full_grad_sq"] ** 0.5
@@ -315,7 +315,7 @@ def figure_f4(packing_dir: str | Path, results: str | Path = RESULTS, name: str 
 
 
 def figure_f1(name: str = "F1_method_overview", out: Path = FIGURES):
-    """Method overview: the DPPO step as a pipeline (SPEC §2-3)."""
+    """Method overview: the DPPO step as a pipeline (docs/method.md §2-3)."""
     plt = _plt()
     from matplotlib.patches import FancyBboxPatch
 
@@ -325,7 +325,7 @@ def figure_f1(name: str = "F1_method_overview", out: Path = FIGURES):
         ("rollout", "G completions per\nkept prompt"),
         ("full-group\nadvantages", "A = (r - mean) / (std + eps)\nbefore any completion pruning"),
         ("completion stage", "small-|A| candidates kept\nw.p. pi_o = 1 - r_o"),
-        ("re-weight", "w = 1 / (pi_q pi_o),\nnormaliser = covered x G"),
+        ("re-weight", "w = 1 / (pi_q pi_o), normaliser\nfixed before the masks"),
         ("dense packing", "rows of <= C tokens,\nblock-diagonal attention"),
         ("update", "E[grad L_hat] = grad L\n(unbiased)"),
     ]

@@ -34,6 +34,12 @@ class RolloutBatch:
     texts: list[str]  # [N] decoded completions
     truncated: list[bool]  # [N] hit max_new_tokens without EOS
 
+    @classmethod
+    def concat(cls, batches: list["RolloutBatch"]) -> "RolloutBatch":
+        """The rows of several batches, in order (rollout rounds of one step)."""
+        return cls(*([x for b in batches for x in getattr(b, f)] for f in
+                     ("prompt_ids", "completion_ids", "logprobs", "texts", "truncated")))
+
     @property
     def num_tokens(self) -> int:
         return sum(len(c) for c in self.completion_ids)

@@ -11,6 +11,11 @@ from __future__ import annotations
 import torch
 
 
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 logits upcast to fp32 for the log-softmax; fp32 and fp64 kept as they are."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
 def right_pad(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ids [N, T], attention_mask [N, T] and completion_mask [N, T] of prompt+completion rows."""
@@ -50,7 +55,7 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
     pos = (p_len[:, None] - 1 + torch.arange(tc)[None, :]).clamp(max=ids.shape[1] - 2)  # [N, Tc]
     c_len = torch.tensor([len(c) for c in completion_ids])
     valid = torch.arange(tc)[None, :] < c_len[:, None]  # [N, Tc]
-    sel = logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1])).float() / temperature  # [N, Tc, V]
+    sel = at_least_fp32(logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))) / temperature  # [N, Tc, V]
     target = ids.gather(1, (pos + 1).clamp(max=ids.shape[1] - 1))  # [N, Tc]
     logp = torch.log_softmax(sel, dim=-1).gather(-1, target[:, :, None]).squeeze(-1)
     return logp * valid

@@ -14,6 +14,7 @@ import json
 import random
 import shutil
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,10 +26,10 @@ from dppo.config import TrainConfig
 from dppo.data import Problem, load_problems, with_chat_template
 from dppo.evaluation import evaluate, format_accuracy
 from dppo.history import PromptHistory
-from dppo.losses import ADVANTAGES, policy_objective, zero_std_groups
+from dppo.losses import policy_objective, zero_std_groups
 from dppo.model import load_policy
 from dppo.packing import pack_rows, packed_completion_logprobs
-from dppo.pruning import Selection, make_pruner
+from dppo.pruning import build_pruner, prune_step
 from dppo.reward import math_reward
 from dppo.rollout import RolloutBatch, SamplingParams, make_rollout_engine
 from dppo.scoring import completion_logprobs, pad_completions
@@ -95,11 +96,11 @@ class Trainer:
                                      cfg.refill, cfg.refill_window or 2 * cfg.prompts_per_step, cfg.group_size,
                                      cfg.rollout_token_budget, default_length=cfg.max_new_tokens / 2)
         self.history = PromptHistory()
-        self.pruner = make_pruner(cfg.pruner, prompt_rate=cfg.prompt_prune_rate,
-                                  completion_rate=cfg.completion_prune_rate, sampling=cfg.prune_sampling,
-                                  prompt_rule=cfg.prompt_candidate_rule, abs_adv_threshold=cfg.abs_adv_threshold,
-                                  cppo_per_group=cfg.cppo_per_group, cppo_allocation=cfg.cppo_allocation,
-                                  dapo_max_rounds=cfg.dapo_max_rounds)
+        self.pruner = build_pruner(cfg)
+        if cfg.scale_rewards == "batch" and (cfg.prompt_prune_rate > 0 or cfg.pruner == "greso"):
+            warnings.warn("scale_rewards='batch' divides by the std of the rolled-out prompts' rewards, which the "
+                          "prompt stage changes: the estimator is then not exactly unbiased (docs/method.md §2.8)",
+                          stacklevel=2)
         self.metrics_path = self.out / "metrics.jsonl"
 
     # ------------------------------------------------------------ data order
@@ -124,55 +125,50 @@ class Trainer:
 
     # ------------------------------------------------------------ one step
     def train_step(self) -> dict:
-        """Prompt stage -> rollout of kept prompts -> rewards, full-group advantages -> completion stage
-        -> update on kept rows with weights and normaliser from the pruner (SPEC §2)."""
+        """Compose -> prune_step (prompt stage, rollout, rewards, full-group advantages, completion stage,
+        weights and normaliser; docs/method.md §2) -> record history -> update on the kept rows."""
         cfg, timer = self.cfg, Timer()
         t_step = time.perf_counter()
-        B, G = cfg.prompts_per_step, cfg.group_size
+        G = cfg.group_size
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * self.step + 1)  # masks: own stream
         epoch = self.composer.covered // len(self.train)
-        keys = self.composer.next_keys(self.pruner.prompts_to_cover(B), self.history, self.pruner)  # covered
-        with timer("prune"):
-            psel = self.pruner.select_prompts(keys, self.history, gen)
-        rolled = [k for k, kept in zip(keys, psel.keep.tolist()) if kept]
-        batch, rewards = self._rollout(rolled, timer)
-        for _ in range(self.pruner.refill_rounds - 1):  # e.g. DAPO dynamic sampling
-            if not self.pruner.needs_refill(rewards, B):
-                break
-            extra = self.composer.stream.take(B)
-            with timer("prune"):
-                esel = self.pruner.select_prompts(extra, self.history, gen)
-            extra_rolled = [k for k, kept in zip(extra, esel.keep.tolist()) if kept]
-            more, more_r = self._rollout(extra_rolled, timer)
-            keys, rolled = keys + extra, rolled + extra_rolled
-            psel = Selection(torch.cat([psel.keep, esel.keep]), torch.cat([psel.pi, esel.pi]))
-            for f in ("prompt_ids", "completion_ids", "logprobs", "texts", "truncated"):
-                getattr(batch, f).extend(getattr(more, f))
-            rewards = torch.cat([rewards, more_r])
-        adv = ADVANTAGES[cfg.advantage](rewards, cfg.adv_eps) if rolled else torch.zeros(0, G)  # full groups
-        lengths = [len(c) for c in batch.completion_ids]
-        for j, k in enumerate(rolled):
-            self.history.update(k, rewards[j].tolist(), adv[j].abs().tolist(), lengths[j * G:(j + 1) * G], self.step)
-        with timer("prune"):
-            csel = self.pruner.select_completions(rewards, adv, gen)
-            csel.keep = self.pruner.limit(csel.keep, B)
-            weights, normaliser = self.pruner.loss_weights(psel, csel, G)
-        rows = csel.keep.reshape(-1).nonzero().flatten().tolist()
-        stats = self.update(batch, rows, adv.reshape(-1), weights.float(), normaliser, timer)
+        keys = self.composer.next_keys(self.pruner.prompts_to_cover(cfg.prompts_per_step), self.history, self.pruner)
+
+        batches: list[RolloutBatch] = []
+
+        def rollout(rolled: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+            batch, rewards = self._rollout(rolled, timer)
+            batches.append(batch)
+            return rewards, torch.tensor([len(c) for c in batch.completion_ids]).view(len(rolled), G)
+
+        t_prune = time.perf_counter()
+        step = prune_step(self.pruner, keys, self.history, rollout, gen, group_size=G,
+                          scale_rewards=cfg.scale_rewards, adv_eps=cfg.adv_eps, loss_agg=cfg.loss_agg,
+                          loss_normaliser=cfg.loss_normaliser, prompts_per_step=cfg.prompts_per_step,
+                          more_keys=self.composer.stream.take, default_length=cfg.max_new_tokens / 2)
+        timer.times["prune"] = time.perf_counter() - t_prune - timer.times["rollout"] - timer.times["reward"]
+        batch = RolloutBatch.concat(batches)
+        for j, k in enumerate(step.rolled):
+            self.history.update(k, step.rewards[j].tolist(), step.advantages[j].abs().tolist(),
+                                step.lengths[j].tolist(), self.step)
+        stats = self.update(batch, step.rows.tolist(), step.advantages.reshape(-1), step.weights, step.normaliser,
+                            timer)
         self.engine.sync_weights(self.accelerator.unwrap_model(self.model))
-        extra_stats = self.pruner.after_step(rewards, epoch)
+        extra_stats = self.pruner.after_step(step.rewards, epoch)
         self.step += 1
         timer.times["step"] = time.perf_counter() - t_step
-        n_rolled = max(1, len(rolled))
+        rewards, n_rows, n_rolled = step.rewards, len(step.rows), len(step.rolled)
+        lengths = step.lengths.reshape(-1).float()
         return {
-            "step": self.step, "epoch": self.epoch_progress, "prompts/covered": len(keys),
+            "step": self.step, "epoch": self.epoch_progress, "prompts/covered": len(step.covered),
             "prompts/window": len(self.composer.window),
-            "reward": rewards.mean().item() if rolled else 0.0,
-            "reward_std": rewards.std(dim=1).mean().item() if rolled else 0.0,
-            "frac_reward_zero_std": zero_std_groups(rewards).float().mean().item() if rolled else 0.0,
-            "kept/prompt_frac": len(rolled) / len(keys), "kept/completion_frac": len(rows) / (n_rolled * G),
-            "weights/mean": weights.mean().item() if rows else 0.0, "weights/max": weights.max().item() if rows else 0.0,
-            "tokens/generated": batch.num_tokens, "completion_length/mean": sum(lengths) / max(1, len(lengths)),
+            "reward": rewards.mean().item() if n_rolled else 0.0,
+            "reward_std": rewards.std(dim=1).mean().item() if n_rolled else 0.0,
+            "frac_reward_zero_std": zero_std_groups(rewards).float().mean().item() if n_rolled else 0.0,
+            "kept/prompt_frac": n_rolled / len(step.covered), "kept/completion_frac": n_rows / max(1, n_rolled * G),
+            "weights/mean": step.weights.mean().item() if n_rows else 0.0,
+            "weights/max": step.weights.max().item() if n_rows else 0.0, "loss/normaliser": step.normaliser,
+            "tokens/generated": batch.num_tokens, "completion_length/mean": lengths.mean().item() if n_rolled else 0.0,
             "throughput/rollout_tokens_per_s": batch.num_tokens / max(1e-9, timer.times["rollout"]),
             "completion_length/truncated_frac": sum(batch.truncated) / max(1, len(batch.truncated)),
             **stats, **extra_stats, "lr": self.sched.get_last_lr()[0],
@@ -181,15 +177,17 @@ class Trainer:
 
     def update(self, batch: RolloutBatch, rows: list[int], adv: torch.Tensor, weights: torch.Tensor,
                normaliser: float, timer: Timer) -> dict:
-        """mu inner epochs of `num_minibatches` optimizer steps over the kept `rows`."""
+        """mu inner epochs of `num_minibatches` optimizer steps over the kept `rows`.
+
+        A minibatch holds a uniformly random n_mb of the n kept rows, and its loss uses Z n_mb / n: given
+        the masks its expectation over the split is the step's L_hat, for every aggregation (§2.6)."""
         cfg = self.cfg
         if not rows:  # everything pruned: no forward, no optimizer step
-            return {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "tokens/trained": 0,
-                    "density/valid_token": 0.0, "density/loss_token": 0.0, "throughput/update_tokens_per_s": 0.0}
+            return {"loss": 0.0, "grad_norm": 0.0, "tokens/trained": 0, "density/valid_token": 0.0,
+                    "density/loss_token": 0.0, "throughput/update_tokens_per_s": 0.0}
         p_ids = [batch.prompt_ids[r] for r in rows]
         c_ids = [batch.completion_ids[r] for r in rows]
         adv, n = adv[rows], len(rows)
-        n_tokens = sum(len(c) for c in c_ids)
         on_policy = cfg.ppo_epochs * cfg.num_minibatches == 1
         old_logp = None
         if not on_policy:  # with a single update the ratio is 1 at the update: old = current, detached
@@ -201,7 +199,7 @@ class Trainer:
                 ref_logp = self.logprobs_no_grad(self.ref_model, p_ids, c_ids)
         self.model.train()
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
-        totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
+        loss_sum, grad_norm_sum, sums = 0.0, 0.0, {}  # sums: diagnostic -> [sum, count] over the whole update
         n_updates, slots, valid, real = 0, 0, 0, 0  # token slots processed, completion tokens, non-pad tokens
         with timer("update"):
             for _ in range(cfg.ppo_epochs):
@@ -210,39 +208,37 @@ class Trainer:
                     mb_rows = perm[mb::cfg.num_minibatches]
                     if not mb_rows:  # fewer kept rows than minibatches
                         continue
-                    mb_tokens = sum(len(c_ids[i]) for i in mb_rows)
-                    # seq-mean aggregations: the minibatch's share of the step normaliser; token-mean: its tokens
-                    mb_norm = mb_tokens if cfg.loss_agg == "token-mean" else normaliser * len(mb_rows) / n
+                    mb_norm = normaliser * len(mb_rows) / n
                     self.opt.zero_grad(set_to_none=True)
                     for idx in self.micro_batches(mb_rows, c_ids, p_ids):
                         mp, mc = [p_ids[i] for i in idx], [c_ids[i] for i in idx]
                         logp, n_slots = self.score(self.model, mp, mc)
-                        mask = pad_completions([torch.ones(len(c)) for c in mc], logp.shape[1])[1]
+                        mask = pad_completions([torch.ones(len(c)) for c in mc], logp.shape[1])[1].to(logp.dtype)
                         old = logp.detach() if old_logp is None else old_logp[idx, : logp.shape[1]]
                         ref = None if ref_logp is None else ref_logp[idx, : logp.shape[1]]
                         loss, st = policy_objective(
-                            logp, old, adv[idx], mask, weights[idx], mb_norm, loss_type=cfg.loss_type,
+                            logp, old, adv[idx].to(logp.dtype), mask, weights[idx], mb_norm, loss_type=cfg.loss_type,
                             agg=cfg.loss_agg, clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref,
-                            kl_coef=cfg.kl_coef, max_len=cfg.max_new_tokens)
+                            kl_coef=cfg.kl_coef, kl_bias_correction=cfg.kl_bias_correction, max_len=cfg.max_new_tokens)
                         self.accelerator.backward(loss)
-                        totals["loss"] += loss.item()
-                        share = float(mask.sum()) / n_tokens  # token-weighted: independent of micro-batching
-                        totals["kl"] += st.get("kl", 0.0) * share
-                        totals["clip_frac"] += st["clip_frac"] * share
+                        loss_sum += loss.item()
+                        for name, (total, count) in st.items():
+                            acc = sums.setdefault(name, [0.0, 0.0])
+                            acc[0] += total
+                            acc[1] += count
                         slots += n_slots
                         valid += sum(len(b) for b in mc)
                         real += sum(len(a) + len(b) for a, b in zip(mp, mc))
                     if cfg.max_grad_norm > 0:
-                        gn = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-                        totals["grad_norm"] += float(gn)
+                        grad_norm_sum += float(self.accelerator.clip_grad_norm_(self.model.parameters(),
+                                                                                cfg.max_grad_norm))
                     self.opt.step()
                     self.sched.step()
                     n_updates += 1
         self.model.eval()
-        k = cfg.ppo_epochs
         n_updates = max(1, n_updates)
-        return {"loss": totals["loss"] / n_updates, "kl": totals["kl"] / k, "clip_frac": totals["clip_frac"] / k,
-                "grad_norm": totals["grad_norm"] / n_updates, "tokens/trained": valid // k,
+        return {"loss": loss_sum / n_updates, **{k: s / max(c, 1.0) for k, (s, c) in sums.items()},
+                "grad_norm": grad_norm_sum / n_updates, "tokens/trained": valid // cfg.ppo_epochs,
                 "density/valid_token": real / max(1, slots), "density/loss_token": valid / max(1, slots),
                 "throughput/update_tokens_per_s": valid / max(1e-9, timer.times["update"])}
 
@@ -275,10 +271,12 @@ class Trainer:
 
     def logprobs_no_grad(self, model, p_ids: list[list[int]], c_ids: list[list[int]]) -> torch.Tensor:
         """Old / reference log-probs [N, Tc_max] of the kept rows, in the update's micro-batches."""
-        out = torch.zeros((len(c_ids), max(len(c) for c in c_ids)))
+        out = None
         with torch.no_grad():
             for idx in self.micro_batches(list(range(len(c_ids))), c_ids, p_ids):
                 lp, _ = self.score(model, [p_ids[i] for i in idx], [c_ids[i] for i in idx])
+                if out is None:
+                    out = torch.zeros((len(c_ids), max(len(c) for c in c_ids)), dtype=lp.dtype, device=lp.device)
                 out[idx, : lp.shape[1]] = lp
         return out
 

@@ -1,4 +1,4 @@
-"""Gradient bias and variance of pruned estimators on a real batch (SPEC §2, figure F3).
+"""Gradient bias and variance of pruned estimators on a real batch (docs/method.md §2.7, figure F3).
 
 With rollouts fixed and masks independent of theta, grad L_hat = sum_n c_n grad l_n, where c_n = keep_n w_n /
 normaliser. So every statistic follows exactly from the per-sample gradients' Gram matrix
@@ -6,7 +6,7 @@ K = [<grad l_n, grad l_m>] and draws of the coefficient vector c:
 
     bias     = || E[c] - 1/N ||_K                     (0 for an unbiased estimator)
     variance = E || c - E[c] ||_K^2  = tr Cov[grad L_hat]
-    closed form (Bernoulli, SPEC §2): sum_b [(1/pi_b - 1) ||S_b||^2 + (1/pi_b) sum_i (1/pi_bi - 1) ||g_bi||^2] / N^2
+    closed form (Bernoulli, docs/method.md §2.7): sum_b [(1/pi_b - 1) ||S_b||^2 + (1/pi_b) sum_i (1/pi_bi - 1) ||g_bi||^2] / N^2
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from dppo.history import PromptHistory
 from dppo.losses import grpo_advantages, policy_objective
-from dppo.pruning import completion_candidates, inclusion_probs
+from dppo.pruning import completion_candidates, inclusion_probs, prune_step
 from dppo.reward import math_reward
 from dppo.rollout import HFRollout, RolloutBatch, SamplingParams
 from dppo.scoring import completion_logprobs, pad_completions
@@ -81,19 +81,19 @@ def history_from(rewards: torch.Tensor, adv: torch.Tensor, lengths: list[int]) -
     return h
 
 
-def coefficients(pruner, rewards: torch.Tensor, adv: torch.Tensor, history, draws: int, seed: int = 0) -> torch.Tensor:
-    """[draws, N] coefficients c (grad L_hat = c @ grad l), masks drawn as the trainer draws them."""
+def coefficients(pruner, rewards: torch.Tensor, history, draws: int, seed: int = 0,
+                 lengths: torch.Tensor | None = None, **step_kw) -> torch.Tensor:
+    """[draws, N] coefficients c (grad L_hat = c @ grad l): `prune_step` on fixed rollouts (rewards [B, G],
+    lengths [B, G]), masks drawn as the trainer draws them; `step_kw` as prune_step's settings."""
     B, G = rewards.shape
+    lengths = torch.ones(B, G, dtype=torch.long) if lengths is None else lengths
     gen = torch.Generator().manual_seed(seed)
     out = torch.zeros(draws, B * G, dtype=torch.float64)
     for d in range(draws):
-        psel = pruner.select_prompts(list(range(B)), history, gen)
-        kept = psel.keep.nonzero().flatten()
-        csel = pruner.select_completions(rewards[kept], adv[kept], gen)
-        csel.keep = pruner.limit(csel.keep, B)
-        w, norm = pruner.loss_weights(psel, csel, G)
-        rows = (kept[:, None] * G + torch.arange(G)[None, :])[csel.keep]
-        out[d, rows] = w.double() / norm
+        step = prune_step(pruner, list(range(B)), history, lambda keys: (rewards[keys], lengths[keys]), gen,
+                          group_size=G, **{"prompts_per_step": B, **step_kw})
+        rows = (torch.tensor(step.rolled, dtype=torch.long)[:, None] * G + torch.arange(G)).reshape(-1)[step.rows]
+        out[d, rows] = step.weights / step.normaliser
     return out
 
 
@@ -113,7 +113,7 @@ def bias_and_variance(coef: torch.Tensor, gram: torch.Tensor) -> dict:
 
 def closed_form_variance(rewards: torch.Tensor, adv: torch.Tensor, gram: torch.Tensor, prompt_candidates: torch.Tensor,
                          prompt_rate: float, completion_rate: float) -> float:
-    """tr Cov[grad L_hat] of DPPO with Bernoulli masks (SPEC §2)."""
+    """tr Cov[grad L_hat] of DPPO with Bernoulli masks (docs/method.md §2.7)."""
     B, G = rewards.shape
     n = B * G
     sq = torch.diagonal(gram)

@@ -15,10 +15,11 @@
 
 # %% [markdown]
 # # T2 — generality: GRPO, DAPO and GSPO, each with and without DPPO
-# The same short CPU-scale setup for each base algorithm (`algorithm` field: advantage, surrogate,
+# The same short CPU-scale setup for each base algorithm (`algorithm` field: reward scaling, surrogate,
 # aggregation and clip range from `dppo.config.ALGORITHMS`), with and without Dynamic Pruning Policy
-# Optimization (DPPO includes Dense Prompt Packing). Note: DAPO's token-mean aggregation is a ratio and is not
-# exactly unbiased after prompt pruning (SPEC §2); GRPO and GSPO use seq-mean-token-mean and are.
+# Optimization (DPPO includes Dense Prompt Packing). Every aggregation is exactly unbiased under DPPO
+# (docs/method.md §2.6): DAPO's token-mean divides by the tokens of every rolled-out completion, with a
+# prompt's last completion lengths standing in for the tokens of a prompt the prompt stage may prune.
 # T3 (a larger model +- DPPO) is in `scale.ipynb`.
 
 # %% tags=["parameters"]

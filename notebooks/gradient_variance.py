@@ -17,11 +17,11 @@
 # # F3 — gradient variance and bias against the pruning rates
 # One real batch of the embedded policy (B prompts x G completions, rollouts fixed), per-sample gradients of
 # the clipped surrogate + k3 KL, and many mask draws per estimator. Measured variance (trace of the
-# covariance of grad L_hat) is compared with SPEC §2's closed form; measured bias (distance of the Monte-Carlo
+# covariance of grad L_hat) is compared with the closed form of docs/method.md §2.7; measured bias (distance of the Monte-Carlo
 # mean from the full-batch gradient, relative to its norm) is shown for DPPO beside biased DPPO (no 1/pi),
 # CPPO and GRESO. Half of the B groups have zero reward variance, and every prompt's history is its own
 # rollout (the next epoch's view), so those prompts are prompt-stage candidates. In GRPO a zero-variance
-# group has zero advantage, so pruning it costs only its KL term's variance (SPEC §2).
+# group has zero advantage, so pruning it costs only its KL term's variance (docs/method.md §2.7).
 
 # %% tags=["parameters"]
 import os
@@ -44,7 +44,7 @@ while not (Path.cwd() / "experiments").is_dir():
     os.chdir("..")
 from dppo import report, variance
 from dppo.model import load_policy
-from dppo.pruning import make_pruner
+from dppo.pruning import CPPO, DPPO, GRESO, BiasedDPPO
 from dppo.task import make_train
 
 if smoke:
@@ -61,20 +61,19 @@ print("rewards per prompt:", rewards.mean(1).tolist())
 rows = []
 for r in rates:
     settings = {
-        "DPPO (r_q = r_o = r)": ("dppo", dict(prompt_rate=r, completion_rate=r)),
-        "DPPO prompt only (r_q = r)": ("dppo", dict(prompt_rate=r)),
-        "DPPO completion only (r_o = r)": ("dppo", dict(completion_rate=r)),
-        "DPPO without 1/pi": ("dppo_biased", dict(prompt_rate=r, completion_rate=r)),
-        "CPPO (P = r)": ("cppo", dict(completion_rate=r, cppo_allocation=False)),
+        "DPPO (r_q = r_o = r)": DPPO(prompt_rate=r, completion_rate=r),
+        "DPPO prompt only (r_q = r)": DPPO(prompt_rate=r),
+        "DPPO completion only (r_o = r)": DPPO(completion_rate=r),
+        "DPPO without 1/pi": BiasedDPPO(prompt_rate=r, completion_rate=r),
+        "CPPO (P = r)": CPPO(prune_rate=r, allocation=False),
     }
-    for name, (kind, kw) in settings.items():
-        pruner = make_pruner(kind, **kw)
-        stats = variance.bias_and_variance(variance.coefficients(pruner, rewards, adv, history, draws, seed), gram)
+    for name, pruner in settings.items():
+        stats = variance.bias_and_variance(variance.coefficients(pruner, rewards, history, draws, seed), gram)
         closed = (variance.closed_form_variance(rewards, adv, gram, pruner.prompt_candidates(list(range(prompts)),
-                  history), kw.get("prompt_rate", 0.0), kw.get("completion_rate", 0.0)) if kind == "dppo" else None)
+                  history), pruner.prompt_rate, pruner.completion_rate) if type(pruner) is DPPO else None)
         rows.append({"estimator": name, "rate": r, **stats, "closed_form_variance": closed})
-greso = make_pruner("greso")  # GRESO has no rate: its skip probability comes from the zero-variance streaks
-stats = variance.bias_and_variance(variance.coefficients(greso, rewards, adv, history, draws, seed), gram)
+greso = GRESO()  # GRESO has no rate: its skip probability comes from the zero-variance streaks
+stats = variance.bias_and_variance(variance.coefficients(greso, rewards, history, draws, seed), gram)
 rows.append({"estimator": "GRESO", "rate": float("nan"), **stats, "closed_form_variance": None})
 df = pd.DataFrame(rows)
 df["bias_in_se"] = df["bias"] / df["bias_se"].clip(lower=1e-9 * df["full_grad_sq"] ** 0.5)  # r = 0: both ~0

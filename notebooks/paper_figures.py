@@ -15,7 +15,7 @@
 
 # %% [markdown]
 # # Every table and figure from stored results (no training)
-# Rebuilds T1-T5 and F1-F5 (SPEC §6) from the run folders under `experiments/results/` (or `results`, e.g.
+# Rebuilds T1-T5 and F1-F5 (docs/method.md §6) from the run folders under `experiments/results/` (or `results`, e.g.
 # results computed on a GPU cluster and copied here) in seconds. Items whose runs are missing are listed
 # and skipped.
 

@@ -1,4 +1,4 @@
-"""Step composition with refill (SPEC §3.1): coverage, budgets, and exact unbiasedness over a whole epoch."""
+"""Step composition with refill (docs/method.md §3.1): coverage, budgets, and exact unbiasedness over a whole epoch."""
 
 import copy
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from dppo.composition import PromptStream, StepComposer, compose_step
+from masks import enumerate_draws
+
 from dppo.history import PromptHistory
-from dppo.losses import grpo_advantages
-from dppo.pruning import Selection, completion_candidates, make_pruner
-from test_pruning import _subsets_with_prob
+from dppo.pruning import DPPO, prune_step
 
 N, G, B = 6, 3, 2
 LENGTHS = [8.0, 2.0, 5.0, 9.0, 5.0, 12.0]  # completion length of each prompt when rolled out
@@ -40,7 +40,7 @@ def _composer(refill, window=4, epochs=1):
 
 @pytest.mark.parametrize("refill", ["prompts", "tokens"])
 def test_every_prompt_is_covered_once_per_epoch_and_windows_stay_in_their_epoch(refill):
-    pruner = make_pruner("dppo", prompt_rate=0.5)
+    pruner = DPPO(prompt_rate=0.5)
     comp, hist = _composer(refill, epochs=3), _history()
     for k in (3, 4):  # four of the six prompts are candidates
         hist.update(k, [0.0] * G, [0.0] * G, [4] * G, step=0)
@@ -59,7 +59,7 @@ def test_every_prompt_is_covered_once_per_epoch_and_windows_stay_in_their_epoch(
 
 
 def test_fixed_count_prompt_budget_rolls_out_exactly_the_budget():
-    pruner = make_pruner("dppo", prompt_rate=0.5, sampling="fixed_count")
+    pruner = DPPO(prompt_rate=0.5, sampling="fixed_count")
     hist = PromptHistory()
     for k in range(40):  # every other prompt was zero-variance last epoch
         hist.update(k, [float(k % 2)] * G if k % 4 < 2 else [1.0, 0.0, 0.0], [0.0] * G, [k % 7 + 1] * G, step=0)
@@ -73,10 +73,11 @@ def test_fixed_count_prompt_budget_rolls_out_exactly_the_budget():
     assert len(rolled) < 40 / 8
 
 
-def _epoch_expectation(pruner, refill, rate_q, rate_o, mode, loss):
-    """Enumerate every prompt and completion mask of every step of one epoch. Returns (E[sum over steps of
-    normaliser_s * L_hat_s], the set of coverage partitions reached); checks E[L_hat_s | past] = L(S_s)
-    at every step of every branch on the way."""
+def _epoch_expectation(pruner, refill, normaliser, loss):
+    """Enumerate every prompt and completion mask of every step of one epoch (through `prune_step`).
+    Returns (E[sum over steps of c_s * L_hat_s], the coverage partitions reached), c_s = |S_s| G with the
+    covered normaliser and 1 with the fixed one; checks E[L_hat_s | past] = sum_{S_s} l / Z_s at every step
+    of every branch on the way (Z_s = |S_s| G, or B G)."""
     rewards = {0: [1.0] * G, 1: [0.0] * G, 2: [1.0, 0.0, 0.0], 3: [0.0, 1.0, 1.0], 4: [1.0] * G, 5: [1.0, 0.0, 1.0]}
     partitions = set()
 
@@ -85,26 +86,27 @@ def _epoch_expectation(pruner, refill, rate_q, rate_o, mode, loss):
             partitions.add(tuple(covered_so_far))
             return 0.0
         keys = comp.next_keys(B, hist, pruner)
-        cand_q = pruner.prompt_candidates(keys, hist)
-        pi_q = pruner.prompt_inclusion(keys, hist)
-        step_total, rest = 0.0, 0.0
-        for keep_q, p_q in _subsets_with_prob(cand_q, rate_q, mode):
-            rolled = [k for k, kept in zip(keys, keep_q.tolist()) if kept]
-            r = torch.tensor([rewards[k] for k in rolled]).view(-1, G)
-            a = grpo_advantages(r).double() if rolled else torch.zeros(0, G, dtype=torch.float64)
-            l = loss[rolled] if rolled else torch.zeros(0, G, dtype=torch.float64)
-            cand_o = completion_candidates(a, r)
-            pi_o = pruner.select_completions(r, a, torch.Generator()).pi
-            for keep_o, p_o in _subsets_with_prob(cand_o, rate_o, mode):
-                w, norm = pruner.loss_weights(Selection(keep_q, pi_q), Selection(keep_o, pi_o), G)
-                step_total += p_q * p_o * float((w.double() * l[keep_o]).sum()) / norm
+
+        def one_step():
+            step = prune_step(pruner, keys, hist, lambda ks: (torch.tensor([rewards[k] for k in ks]),
+                                                             torch.tensor([[int(LENGTHS[k])] * G for k in ks])),
+                              torch.Generator(), group_size=G, loss_normaliser=normaliser, prompts_per_step=B)
+            value = float((step.weights * loss[step.rolled].reshape(-1)[step.rows]).sum()) / step.normaliser
+            return value, tuple(step.rolled)
+        outcomes = enumerate_draws(one_step)
+        z = len(keys) * G if normaliser == "covered" else B * G
+        step_mean = sum(p * v for p, (v, _) in outcomes)
+        assert step_mean == pytest.approx(float(loss[keys].sum()) / z, rel=1e-9, abs=1e-12)
+        by_rolled: dict[tuple, float] = {}
+        for p, (_, rolled) in outcomes:  # the history after the step depends only on what was rolled out
+            by_rolled[rolled] = by_rolled.get(rolled, 0.0) + p
+        rest = 0.0
+        for rolled, p in by_rolled.items():
             h2 = copy.deepcopy(hist)
             for k in rolled:
                 h2.update(k, rewards[k], [0.0] * G, [LENGTHS[k]] * G, step=1)
-            rest += p_q * walk(copy.deepcopy(comp), h2, covered_so_far + [tuple(keys)])
-        full_step = float(loss[keys].sum()) / (len(keys) * G)  # L(S_s): the covered prompts' full batch
-        assert step_total == pytest.approx(full_step, rel=1e-9, abs=1e-12)
-        return step_total * len(keys) * G + rest
+            rest += p * walk(copy.deepcopy(comp), h2, covered_so_far + [tuple(keys)])
+        return step_mean * (z if normaliser == "covered" else 1.0) + rest
 
     total = walk(_composer(refill), _history(), [])
     return total, partitions
@@ -112,10 +114,15 @@ def _epoch_expectation(pruner, refill, rate_q, rate_o, mode, loss):
 
 @pytest.mark.parametrize("mode", ["bernoulli", "fixed_count"])
 @pytest.mark.parametrize("refill", ["prompts", "tokens"])
-def test_refill_is_exactly_unbiased_over_an_epoch(mode, refill):
+@pytest.mark.parametrize("normaliser", ["covered", "fixed"])
+def test_refill_is_exactly_unbiased_over_an_epoch(mode, refill, normaliser):
+    """covered: every step unbiased for its covered prompts' mean loss, and sum_s |S_s| G L_hat_s for the
+    epoch's summed loss; fixed (Z = B G): sum_s L_hat_s unbiased for sum of all losses / (B G), which is GRPO's
+    summed step losses over the epoch (docs/method.md §2.6)."""
     loss = torch.randn(N, G, generator=torch.Generator().manual_seed(5), dtype=torch.float64)  # arbitrary l_{q,i}
-    pruner = make_pruner("dppo", prompt_rate=0.5, completion_rate=0.5, sampling=mode)
-    total, partitions = _epoch_expectation(pruner, refill, 0.5, 0.5, mode, loss)
-    assert total == pytest.approx(float(loss.sum()), rel=1e-9)  # every prompt's G losses, once, unweighted
+    pruner = DPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode)
+    total, partitions = _epoch_expectation(pruner, refill, normaliser, loss)
+    target = float(loss.sum()) if normaliser == "covered" else float(loss.sum()) / (B * G)
+    assert total == pytest.approx(target, rel=1e-9)  # every prompt's G losses, once
     if refill == "tokens":  # coverage of later steps depends on earlier masks (through the lengths seen)
         assert len(partitions) > 1

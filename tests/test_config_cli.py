@@ -35,6 +35,12 @@ def _err(capsys, argv):
     (["--prompt_prune_rate", "1.0"], "prompt_prune_rate"),
     (["--completion_prune_rate", "-0.1"], "completion_prune_rate"),
     (["--prune_sampling", "poisson"], "prune_sampling"),
+    (["--scale_rewards", "sideways"], "scale_rewards"),
+    (["--loss_normaliser", "kept"], "loss_normaliser"),
+    (["--pruner", "cppo", "--loss_normaliser", "fixed"], "loss_normaliser"),  # unweighted baselines: covered only
+    (["--prompt_prune_rate", "0.5"], "prompt_prune_rate"),  # pruner none would ignore it
+    (["--pruner", "greso", "--completion_prune_rate", "0.5"], "completion_prune_rate"),
+    (["--kl_bias_correction", "maybe"], "kl_bias_correction"),
 ])
 def test_bad_field_gets_one_line_error(capsys, tmp_path, override, field):
     err = _err(capsys, ["train", "--config", GRPO_YAML, "--output_dir", str(tmp_path), *override])
@@ -63,6 +69,7 @@ def test_algorithm_presets_and_overrides():
     assert TrainConfig(algorithm="dapo").loss_agg == "token-mean"
     assert TrainConfig(algorithm="dapo").clip_high == 0.28
     assert TrainConfig(algorithm="gspo").loss_type == "gspo"
+    assert TrainConfig(algorithm="drgrpo").scale_rewards == "none" and TrainConfig().scale_rewards == "group"
     assert TrainConfig(algorithm="dapo", clip_high=0.3).clip_high == 0.3  # explicit values win
     cfg = TrainConfig.load(GRPO_YAML, {"group_size": "4", "resume": "false"})
     assert cfg.group_size == 4 and cfg.resume is False

@@ -1,5 +1,6 @@
 """DPPO's gradient on the real embedded policy: Monte-Carlo mean of grad L_hat over mask draws equals
-the full-batch grad L (clipped surrogate and KL included); its variance matches SPEC §2's closed form.
+the full-batch grad L (clipped surrogate and KL included); its variance matches the closed form of
+docs/method.md §2.7.
 
 grad L_hat = sum_n c_n grad l_n with c_n = keep_n w_n / normaliser (masks never depend on theta), so
 every statistic is computed exactly from the per-sample gradients' Gram matrix K = [<grad l_n, grad l_m>].
@@ -10,7 +11,7 @@ import torch
 
 from dppo.history import PromptHistory
 from dppo.losses import grpo_advantages
-from dppo.pruning import completion_candidates, make_pruner
+from dppo.pruning import DPPO, BiasedDPPO, completion_candidates, prune_step
 from dppo.task import make_train
 from dppo.variance import bias_and_variance, closed_form_variance, coefficients, per_sample_gram, rollout
 
@@ -43,17 +44,17 @@ def _mc_check(coef, gram):
 @pytest.mark.parametrize("mode", ["bernoulli", "fixed_count"])
 def test_monte_carlo_gradient_matches_full_batch(setup, mode):
     rewards, adv, gram, history, _ = setup
-    dppo = make_pruner("dppo", prompt_rate=0.5, completion_rate=0.5, sampling=mode)
-    cos, err, se = _mc_check(coefficients(dppo, rewards, adv, history, 4000), gram)
+    dppo = DPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode)
+    cos, err, se = _mc_check(coefficients(dppo, rewards, history, 4000), gram)
     assert cos > 0.99 and err < 3 * se, (cos, err, se)
-    biased = make_pruner("dppo_biased", prompt_rate=0.5, completion_rate=0.5, sampling=mode)
-    cos_b, err_b, se_b = _mc_check(coefficients(biased, rewards, adv, history, 4000), gram)
+    biased = BiasedDPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode)
+    cos_b, err_b, se_b = _mc_check(coefficients(biased, rewards, history, 4000), gram)
     assert err_b > 3 * se_b, (cos_b, err_b, se_b)  # the same test catches the unweighted estimator
 
 
 @pytest.mark.parametrize("rate", [0.3, 0.5, 0.7, 0.9])
 def test_variance_matches_closed_form(setup, rate):
-    """Bernoulli masks: tr Cov[grad L_hat] = sum_items (1/pi - 1) ||grad item||^2 / (B G)^2 (SPEC §2), with
+    """Bernoulli masks: tr Cov[grad L_hat] = sum_items (1/pi - 1) ||grad item||^2 / (B G)^2 (docs/method.md §2.7), with
     items = completions (completion stage) or whole groups (prompt stage); both stages together:
     sum_b [(1/pi_b - 1) ||S_b||^2 + (1/pi_b) sum_i (1/pi_bi - 1) ||g_bi||^2] / (B G)^2."""
     rewards, adv, gram, history, _ = setup
@@ -66,14 +67,14 @@ def test_variance_matches_closed_form(setup, rate):
     pi_o = torch.where(completion_candidates(adv, rewards), torch.tensor(1 - rate, dtype=torch.float64), 1.0).reshape(-1)
     pi_q = torch.tensor([1 - rate, 1 - rate, 1.0, 1.0], dtype=torch.float64)
     cases = {
-        "completion": (make_pruner("dppo", completion_rate=rate), ((1 / pi_o - 1) * sq).sum()),
-        "prompt": (make_pruner("dppo", prompt_rate=rate), ((1 / pi_q - 1) * sq_group).sum()),
-        "both": (make_pruner("dppo", prompt_rate=rate, completion_rate=rate),
+        "completion": (DPPO(completion_rate=rate), ((1 / pi_o - 1) * sq).sum()),
+        "prompt": (DPPO(prompt_rate=rate), ((1 / pi_q - 1) * sq_group).sum()),
+        "both": (DPPO(prompt_rate=rate, completion_rate=rate),
                  ((1 / pi_q - 1) * sq_group).sum() + (group @ ((1 / pi_o - 1) * sq) / pi_q).sum()),
     }
     rates = {"completion": (0.0, rate), "prompt": (rate, 0.0), "both": (rate, rate)}
     for name, (pruner, closed) in cases.items():
-        measured = bias_and_variance(coefficients(pruner, rewards, adv, history, 6000, seed=1), gram)["variance"]
+        measured = bias_and_variance(coefficients(pruner, rewards, history, 6000, seed=1), gram)["variance"]
         assert measured == pytest.approx(closed.item() / N**2, rel=0.10), name
         library = closed_form_variance(rewards, adv, gram, pi_q < 1, *rates[name])  # dppo.variance (F3) agrees
         assert library == pytest.approx(closed.item() / N**2, rel=1e-12), name
@@ -81,7 +82,7 @@ def test_variance_matches_closed_form(setup, rate):
 
 @pytest.mark.parametrize("refill", ["prompts", "tokens"])
 def test_monte_carlo_refilled_epoch_matches_full_batch(setup, refill):
-    """Refill (SPEC §3.1): the 4 prompts are one epoch, composed into steps of budget 2 from a window of 4;
+    """Refill (docs/method.md §3.1): the 4 prompts are one epoch, composed into steps of budget 2 from a window of 4;
     history updates after each step, so later steps' coverage depends on earlier masks. The epoch's summed
     pruned loss, sum_s |S_s| G L_hat_s / N, has mean grad L = mean_n grad l_n (each prompt covered once)."""
     import copy
@@ -89,7 +90,7 @@ def test_monte_carlo_refilled_epoch_matches_full_batch(setup, refill):
     from dppo.composition import PromptStream, StepComposer
 
     rewards, adv, gram, history, lengths = setup
-    dppo = make_pruner("dppo", prompt_rate=0.5, completion_rate=0.5)
+    dppo = DPPO(prompt_rate=0.5, completion_rate=0.5)
     gen = torch.Generator().manual_seed(2)
     draws = 3000
     coef = torch.zeros(draws, N, dtype=torch.float64)
@@ -99,12 +100,10 @@ def test_monte_carlo_refilled_epoch_matches_full_batch(setup, refill):
         covered = []
         while not comp.finished():
             keys = comp.next_keys(2, hist, dppo)
-            psel = dppo.select_prompts(keys, hist, gen)
-            kept = torch.tensor(keys)[psel.keep]
-            csel = dppo.select_completions(rewards[kept], adv[kept], gen)
-            w, norm = dppo.loss_weights(psel, csel, G)
-            rows = (kept[:, None] * G + torch.arange(G)[None, :])[csel.keep]
-            coef[d, rows] = w.double() / norm * (len(keys) * G) / N
+            step = prune_step(dppo, keys, hist, lambda ks: (rewards[ks], torch.ones(len(ks), G)), gen, group_size=G)
+            kept = torch.tensor(step.rolled, dtype=torch.long)
+            rows = (kept[:, None] * G + torch.arange(G)[None, :]).reshape(-1)[step.rows]
+            coef[d, rows] = step.weights / step.normaliser * (len(keys) * G) / N
             for k in kept.tolist():
                 hist.update(k, rewards[k].tolist(), adv[k].abs().tolist(), lengths[k * G:(k + 1) * G], step=1)
             covered.append(tuple(keys))

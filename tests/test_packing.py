@@ -1,4 +1,4 @@
-"""Packed (padding-free, block-diagonal) log-probs and gradients equal padded ones (SPEC §3)."""
+"""Packed (padding-free, block-diagonal) log-probs and gradients equal padded ones (docs/method.md §3)."""
 
 import pytest
 import torch

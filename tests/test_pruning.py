@@ -1,38 +1,19 @@
-"""Exact unbiasedness of DPPO by enumerating every mask (SPEC §2), and the bias of the baselines."""
+"""Exact unbiasedness of DPPO by enumerating every mask (docs/method.md §2.5-2.6), and the bias of the baselines."""
 
 import itertools
 import math
+from unittest import mock
 
 import pytest
 import torch
+from masks import expectation
 
 from dppo.history import PromptHistory
 from dppo.losses import grpo_advantages
-from dppo.pruning import (GRESO, Selection, completion_candidates, cppo_keep, draw_keep_mask, make_pruner)
+from dppo.pruning import (CPPO, DPPO, GRESO, BiasedDPPO, DAPOFilter, Selection, completion_candidates, cppo_keep,
+                          draw_keep_mask, prune_step)
 
 B, G = 3, 4
-
-
-def _subsets_with_prob(candidates: torch.Tensor, rate: float, mode: str):
-    """Every keep mask of the candidates with its probability, from the definition of each mode."""
-    idx = candidates.reshape(-1).nonzero().flatten().tolist()
-    n = len(idx)
-    out = []
-    for kept in itertools.product([True, False], repeat=n):
-        n_kept = sum(kept)
-        if mode == "bernoulli":
-            p = (1 - rate) ** n_kept * rate ** (n - n_kept)
-        else:
-            k = math.floor(rate * n)
-            p = 1 / math.comb(n, n - k) if n_kept == n - k else 0.0
-        if p == 0:
-            continue
-        keep = torch.ones(candidates.numel(), dtype=torch.bool)
-        for j, flag in zip(idx, kept):
-            keep[j] = flag
-        out.append((keep.view_as(candidates), p))
-    assert math.isclose(sum(p for _, p in out), 1.0)
-    return out
 
 
 def _inputs(seed):
@@ -41,78 +22,109 @@ def _inputs(seed):
     rewards[0] = 1.0  # a zero-variance group (all correct)
     rewards[1, :2], rewards[1, 2:] = 1.0, 0.0  # an informative group
     loss = torch.randn(B, G, generator=g, dtype=torch.float64)  # arbitrary per-sample losses l_{b,i}
+    lengths = torch.randint(1, 20, (B, G), generator=g)  # completion lengths T_{b,i}
     history = PromptHistory()
     history.update(0, [1.0] * G, [0.0] * G, [5] * G, step=0)  # zero variance when last seen: a candidate
-    history.update(1, [0.0] * G, [0.0] * G, [5] * G, step=0)  # all wrong when last seen: a candidate
+    history.update(1, [0.0] * G, [0.0] * G, [9] * G, step=0)  # all wrong when last seen: a candidate
     # prompt 2 was never seen: never a candidate
-    return rewards, grpo_advantages(rewards).double(), loss, history
+    return rewards, loss, lengths, history
 
 
-def _expected_loss(pruner, rewards, adv, loss, history, rate_q, rate_o, mode):
-    """E[L_hat] over every prompt mask and, given it, every completion mask; the masks' inclusion
-    probabilities and the weights/normaliser come from the library."""
-    keys = [0, 1, 2]
-    cand_q = pruner.prompt_candidates(keys, history)
-    _, pi_q = draw_keep_mask(cand_q, rate_q, mode, torch.Generator())
-    total = 0.0
-    for keep_q, p_q in _subsets_with_prob(cand_q, rate_q, mode):
-        kept_rows = keep_q.nonzero().flatten()
-        r, a, l = rewards[kept_rows], adv[kept_rows], loss[kept_rows]
-        cand_o = completion_candidates(a, r)
-        _, pi_o = draw_keep_mask(cand_o, rate_o, mode, torch.Generator())
-        for keep_o, p_o in _subsets_with_prob(cand_o, rate_o, mode):
-            w, norm = pruner.loss_weights(Selection(keep_q, pi_q), Selection(keep_o, pi_o), G)
-            total += p_q * p_o * float((w.double() * l[keep_o]).sum()) / norm
-    return total
+def _expected_loss(pruner, rewards, loss, lengths, history, **step_kw):
+    """E[L_hat] over every prompt mask and, given it, every completion mask, through `prune_step`:
+    L_hat = sum_kept w l / Z with the library's weights and normaliser Z."""
+    def run():
+        step = prune_step(pruner, list(range(B)), history, lambda keys: (rewards[keys], lengths[keys]),
+                          torch.Generator(), group_size=G, **step_kw)
+        kept_loss = loss[step.rolled].reshape(-1)[step.rows]
+        return float((step.weights * kept_loss).sum()) / step.normaliser
+    return expectation(run)
+
+
+def _target_normaliser(pruner, lengths, history, agg, mode):
+    """Z written from its definition (docs/method.md §2.6): covered prompts x G, or tokens with history
+    lengths for the prompts that may be pruned; `fixed` scales by prompts_per_step / covered (here 2/3)."""
+    pi_q = pruner.prompt_inclusion(list(range(B)), history)
+    if agg == "token-mean":
+        z = sum(float(lengths[b].sum()) if pi_q[b] == 1 else G * history.get(b).mean_length for b in range(B))
+    else:
+        z = B * G
+    return z * (2 / B if mode == "fixed" else 1.0)
 
 
 @pytest.mark.parametrize("mode", ["bernoulli", "fixed_count"])
-@pytest.mark.parametrize("rates", [(0.5, 0.5), (0.3, 0.7), (0.9, 0.6)])
+@pytest.mark.parametrize("rates", [(0.5, 0.5), (0.3, 0.7), (0.9, 0.6), (0.0, 0.5), (0.5, 0.0)])
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+@pytest.mark.parametrize("normaliser", ["covered", "fixed"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_dppo_is_exactly_unbiased(mode, rates, seed):
-    rewards, adv, loss, history = _inputs(seed)
-    full = float(loss.sum()) / (B * G)
-    expected = _expected_loss(make_pruner("dppo", sampling=mode), rewards, adv, loss, history, *rates, mode)
+def test_dppo_is_exactly_unbiased(mode, rates, agg, normaliser, seed):
+    """E[L_hat] = sum_{b,i} l_{b,i} / Z for every aggregation's Z, both sampling modes and both normalisers;
+    with no prompt pruning the token-mean Z is the batch's token count (DAPO's normaliser)."""
+    rewards, loss, lengths, history = _inputs(seed)
+    pruner = DPPO(prompt_rate=rates[0], completion_rate=rates[1], sampling=mode)
+    full = float(loss.sum()) / _target_normaliser(pruner, lengths, history, agg, normaliser)
+    expected = _expected_loss(pruner, rewards, loss, lengths, history, loss_agg=agg, loss_normaliser=normaliser,
+                              prompts_per_step=2)
     assert expected == pytest.approx(full, rel=1e-9, abs=1e-12)
+    if agg == "token-mean" and rates[0] == 0.0:
+        assert _target_normaliser(pruner, lengths, history, agg, "covered") == float(lengths.sum())
 
 
 @pytest.mark.parametrize("mode", ["bernoulli", "fixed_count"])
 def test_biased_dppo_is_biased(mode):
-    rewards, adv, loss, history = _inputs(0)
+    rewards, loss, lengths, history = _inputs(0)
     full = float(loss.sum()) / (B * G)
-    expected = _expected_loss(make_pruner("dppo_biased", sampling=mode), rewards, adv, loss, history, 0.5, 0.5, mode)
+    expected = _expected_loss(BiasedDPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode), rewards, loss, lengths,
+                              history)
     assert abs(expected - full) > 1e-4 * max(1.0, abs(full))  # vs 1e-9 for DPPO on the same inputs
 
 
+def test_kept_token_count_normaliser_is_biased():
+    """The old token-mean rule (divide by the tokens of the kept rows) is biased even with completion
+    pruning alone; the rolled-out token count is exact (docs/method.md §2.6)."""
+    rewards, loss, lengths, history = _inputs(0)
+    full = float(loss.sum()) / float(lengths.sum())
+
+    def kept_tokens_rule():
+        step = prune_step(DPPO(completion_rate=0.5), list(range(B)), history,
+                          lambda keys: (rewards[keys], lengths[keys]), torch.Generator(), group_size=G,
+                          loss_agg="token-mean")
+        kept = step.rows
+        return float((step.weights * loss.reshape(-1)[kept]).sum()) / float(lengths.reshape(-1)[kept].sum())
+    assert abs(expectation(kept_tokens_rule) / full - 1) > 0.05
+    assert _expected_loss(DPPO(completion_rate=0.5), rewards, loss, lengths, history,
+                          loss_agg="token-mean") == pytest.approx(full, rel=1e-9)
+
+
+def _one_step(pruner, rewards, lengths, history, gen=None):
+    return prune_step(pruner, list(range(B)), history, lambda keys: (rewards[keys], lengths[keys]),
+                      gen or torch.Generator(), group_size=G)
+
+
 def test_cppo_dapo_greso_are_biased():
-    rewards, adv, loss, history = _inputs(0)
+    rewards, loss, lengths, history = _inputs(0)
     full = float(loss.sum()) / (B * G)
-    all_prompts = Selection(torch.ones(B, dtype=torch.bool), torch.ones(B, dtype=torch.float64))
     # CPPO: deterministic top-|A| selection, plain mean over what it keeps
-    cppo = make_pruner("cppo", completion_rate=0.5)
-    sel = cppo.select_completions(rewards, adv, torch.Generator())
-    w, norm = cppo.loss_weights(all_prompts, sel, G)
-    assert abs(float((w.double() * loss[sel.keep]).sum()) / norm - full) > 1e-3
+    step = _one_step(CPPO(prune_rate=0.5, allocation=False), rewards, lengths, history)
+    assert int(step.completion.keep.sum()) == B * 2 and step.normaliser == B * 2 and (step.weights == 1).all()
+    assert abs(float(loss.reshape(-1)[step.rows].sum()) / step.normaliser - full) > 1e-3
     # DAPO dynamic sampling: zero-variance groups dropped, plain mean
-    dapo = make_pruner("dapo_filter")
-    sel = dapo.select_completions(rewards, adv, torch.Generator())
-    assert not sel.keep[0].any() and sel.keep[1].all()
-    w, norm = dapo.loss_weights(all_prompts, sel, G)
-    assert abs(float((w.double() * loss[sel.keep]).sum()) / norm - full) > 1e-3
+    step = _one_step(DAPOFilter(), rewards, lengths, history)
+    assert not step.completion.keep[0].any() and step.completion.keep[1].all()
+    assert abs(float(loss.reshape(-1)[step.rows].sum()) / step.normaliser - full) > 1e-3
     # GRESO: skip prob 1 - p^z for prompts with a zero-variance streak; expectation over its masks
     greso = GRESO()
-    skip = [greso.state.skip_prob(history.get(k).easy_streak, history.get(k).hard_streak) if history.get(k) else 0.0
-            for k in range(B)]
+    skip = (1 - greso.prompt_inclusion(list(range(B)), history)).tolist()
     assert skip == [0.5, 0.5, 0.0]
     expected = 0.0
     for keep in itertools.product([True, False], repeat=B):
         p = math.prod((1 - s) if k else s for k, s in zip(keep, skip))
         if p == 0:
             continue
-        keep_q = torch.tensor(keep)
-        sel = Selection(torch.ones(int(keep_q.sum()), G, dtype=torch.bool), torch.ones(int(keep_q.sum()), G))
-        w, norm = greso.loss_weights(Selection(keep_q, torch.ones(B)), sel, G)
-        expected += p * float((w.double() * loss[keep_q].reshape(-1)).sum()) / norm
+        with mock.patch.object(GRESO, "select_prompts", lambda self, keys, h, g: Selection(torch.tensor(keep),
+                                                                                          torch.ones(B))):
+            step = _one_step(greso, rewards, lengths, history)
+        expected += p * float((step.weights * loss[step.rolled].reshape(-1)[step.rows]).sum()) / step.normaliser
     assert abs(expected - full) > 1e-3
 
 

@@ -23,7 +23,9 @@ def _reward_on(trainer, problems, seed=123, n=16):
 
 
 def test_short_run_changes_every_parameter_and_improves_reward(tmp_path, embedded):
-    cfg = TrainConfig(output_dir=str(tmp_path), lr=3e-4, max_steps=24, eval_every=1000, save_every=1000, **SMALL)
+    # lr 1e-4 as the experiment configs: at 3e-4 Adam's first steps move every weight by the full lr and this
+    # 1M-parameter policy can collapse, depending on the trajectory (float rounding differs between CPUs)
+    cfg = TrainConfig(output_dir=str(tmp_path), lr=1e-4, max_steps=24, eval_every=1000, save_every=1000, **SMALL)
     tr = Trainer(cfg)
     before = {k: v.clone() for k, v in tr.model.named_parameters()}
     r0 = _reward_on(tr, tr.train)
@@ -38,7 +40,8 @@ def test_short_run_changes_every_parameter_and_improves_reward(tmp_path, embedde
     assert [r["step"] for r in m] == list(range(0, 25))
     for key in ("reward", "frac_reward_zero_std", "kept/prompt_frac", "kept/completion_frac", "weights/mean",
                 "tokens/generated", "tokens/trained", "density/valid_token", "timing_s/rollout", "timing_s/reward",
-                "timing_s/update", "timing_s/step"):
+                "timing_s/update", "timing_s/step", "loss/normaliser", "clip_frac/low", "clip_frac/high",
+                "clip_frac/region", "approx_kl"):
         assert key in m[1], key
     assert {f"eval/{s}" for s in ("level1", "level5", "ood", "avg")} <= set(m[0]) & set(m[-1])
     assert (tmp_path / "checkpoints" / "step_24" / "model.safetensors").is_file()
