@@ -45,18 +45,25 @@ def cmd_train(args, rest) -> int:
 
 
 def cmd_eval(args, rest) -> int:
+    import dataclasses
+
+    import torch
+
     from dppo.data import with_chat_template
     from dppo.evaluation import evaluate, format_accuracy
     from dppo.model import load_policy
-    from dppo.rollout import make_rollout_engine
+    from dppo.rollout import engine_from_config
     from dppo.trainer import load_data
 
     cfg = TrainConfig.load(args.config, _overrides(rest))
     model, tok = load_policy(args.model or cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)
+    model.to("cuda" if torch.cuda.is_available() else "cpu")  # inference only: weights in the compute dtype
     _, evals = load_data(cfg)
     if cfg.chat_template:
         evals = {k: with_chat_template(v, tok) for k, v in evals.items()}
-    engine = make_rollout_engine(cfg.rollout_backend, model, tok, cfg.rollout_batch_size)
+    if args.model:
+        cfg = dataclasses.replace(cfg, model_name_or_path=args.model)
+    engine = engine_from_config(cfg, model, tok, [p.prompt for v in evals.values() for p in v])
     acc = evaluate(engine, evals, cfg.eval_samples, cfg.eval_temperature, cfg.max_new_tokens, seed=cfg.seed)
     print(f"pass@1 (%): {format_accuracy(acc)}")
     print(json.dumps(acc))

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import torch
 import yaml
 
 from dppo.composition import REFILL_MODES
@@ -47,7 +48,11 @@ class TrainConfig:
     # ---- model
     model_name_or_path: str = _f("embedded", "'embedded' (tiny Qwen3 built locally; 'embedded-large': twice "
                                  "the depth), a local model dir, or hf:<repo id>.")
-    dtype: str = _f("float32", "Parameter dtype.", choices=("float32", "bfloat16", "float16"))
+    dtype: str = _f("float32", "Compute dtype. bfloat16 / float16 = mixed precision: fp32 master weights and "
+                    "optimizer state, torch.autocast compute (float16 with a grad scaler); the reference model "
+                    "is stored in this dtype. float16 needs CUDA.", choices=("float32", "bfloat16", "float16"))
+    gradient_checkpointing: bool = _f(False, "Recompute the decoder's activations in the backward pass (less memory, "
+                                      "about a third more compute).")
     attn_implementation: str = _f("sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
     # ---- data
     dataset: str = _f("embedded", "'embedded' (synthetic task), a .jsonl/.parquet file, or hf:<name>[:<split>[:<subset>]].")
@@ -116,7 +121,19 @@ class TrainConfig:
     temperature: float = _f(1.0, "Sampling temperature of rollouts (log-probs are of logits / temperature).")
     top_p: float = _f(1.0, "Nucleus sampling threshold (1 = off).")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
-    rollout_backend: str = _f("hf", "Rollout engine.", choices=("hf",))
+    rollout_backend: str = _f("hf", "Rollout engine: transformers generate on the training weights, or vLLM "
+                              "colocated in this process with the weights pushed after every optimizer step.",
+                              choices=("hf", "vllm"))
+    vllm_gpu_memory_utilization: float = _f(0.3, "vllm: share of GPU memory for vLLM's weights and KV cache (it "
+                                            "sleeps during the update).")
+    vllm_tensor_parallel_size: int = _f(1, "vllm: GPUs per engine.")
+    vllm_max_model_len: int = _f(0, "vllm: longest prompt + completion (0 = the longest prompt of the data + "
+                                 "max_new_tokens).")
+    rollout_is_correction: str = _f("none", "Train/inference mismatch correction: tis = truncated importance "
+                                    "sampling, every token's surrogate times min(pi_old / pi_rollout, "
+                                    "rollout_is_cap) (TRL / verl, for vLLM rollouts); multiplies the pruning "
+                                    "weights, never replaces them.", choices=("none", "tis"))
+    rollout_is_cap: float = _f(2.0, "tis: the cap C of the per-token ratio pi_old / pi_rollout.")
     rollout_batch_size: int = _f(256, "Rows (prompt x completion) per generate call.")
     # ---- optimisation
     epochs: float = _f(4.0, "Passes over the training prompts.")
@@ -150,15 +167,22 @@ class TrainConfig:
         _check(self.group_size >= 2, "group_size", "an integer >= 2", self.group_size)
         for name in ("prompts_per_step", "max_new_tokens", "ppo_epochs", "num_minibatches", "micro_batch_size",
                      "rollout_batch_size", "eval_every", "eval_samples", "save_every", "keep_checkpoints",
-                     "train_size", "eval_size", "dapo_max_rounds", "pack_capacity", "micro_batch_tokens"):
+                     "train_size", "eval_size", "dapo_max_rounds", "pack_capacity", "micro_batch_tokens",
+                     "vllm_tensor_parallel_size"):
             _check(int(getattr(self, name)) >= 1, name, "an integer >= 1", getattr(self, name))
-        for name in ("max_steps", "warmup_steps", "top_k", "refill_window", "rollout_token_budget"):
+        for name in ("max_steps", "warmup_steps", "top_k", "refill_window", "rollout_token_budget",
+                     "vllm_max_model_len"):
             _check(int(getattr(self, name)) >= 0, name, "an integer >= 0", getattr(self, name))
         for name in ("lr", "temperature", "eval_temperature", "epochs"):
             _check(float(getattr(self, name)) > 0, name, "a number > 0", getattr(self, name))
+        _check(0 < self.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization", "a number in (0, 1]",
+               self.vllm_gpu_memory_utilization)
+        _check(self.rollout_is_cap >= 1, "rollout_is_cap", "a number >= 1", self.rollout_is_cap)
         for name in ("kl_coef", "weight_decay", "max_grad_norm", "adv_eps"):
             _check(float(getattr(self, name)) >= 0, name, "a number >= 0", getattr(self, name))
         _check(0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
+        _check(self.dtype != "float16" or torch.cuda.is_available(), "dtype",
+               "float32 or bfloat16 on a machine without CUDA (float16 autocast needs a GPU)", self.dtype)
         _check(self.refill_window == 0 or self.refill_window >= self.prompts_per_step, "refill_window",
                f"0 or at least prompts_per_step ({self.prompts_per_step})", self.refill_window)
         _check(self.refill == "none" or self.pruner != "dapo_filter", "refill",

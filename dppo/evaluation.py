@@ -17,7 +17,7 @@ def evaluate(engine: RolloutEngine, splits: dict[str, list[Problem]], k: int, te
     """{split: pass@1, 'avg': mean over splits}. Sampling uses a forked RNG seeded by `seed`, so
     evaluating never changes the training run's random stream."""
     out: dict[str, float] = {}
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
         torch.manual_seed(seed)
         params = SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens)
         for name, problems in splits.items():

@@ -137,16 +137,18 @@ def policy_objective(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tens
                      sample_weight: torch.Tensor, normaliser: float, *, loss_type: str = "ppo_clip",
                      agg: str = "seq-mean-token-mean", clip_low: float = 0.2, clip_high: float = 0.2,
                      ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0, kl_bias_correction: bool = False,
-                     max_len: int = 0) -> tuple[torch.Tensor, dict[str, tuple[float, float]]]:
-    """Per-sample loss l_n = agg_t(surrogate_t + kl_coef * k3_t [* ratio_t if kl_bias_correction]), then
-    sum_n w_n l_n / normaliser. With all weights 1 and normaliser = B*G this is the plain GRPO-family loss.
+                     max_len: int = 0, token_weight: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, dict[str, tuple[float, float]]]:
+    """Per-sample loss l_n = agg_t(c_t surrogate_t + kl_coef * k3_t [* ratio_t if kl_bias_correction]), then
+    sum_n w_n l_n / normaliser, c_t = `token_weight` [N, T] (detached; the rollout correction, default 1).
+    With all weights 1 and normaliser = B*G this is the plain GRPO-family loss.
 
     Diagnostics as (sum, count) pairs, so that summing both over micro-batches gives exact means:
     `clip_frac/{low,high,region}` count only clips that bind (ratio below 1 - clip_low with A < 0, above
     1 + clip_high with A > 0, as TRL), per token (per sequence for GSPO); `approx_kl` is the k3 estimate of
     KL(pi_old || pi) per token (cleanrl); `kl` the (bias-corrected, if on) k3 to the reference per token."""
     sur = POLICY_LOSSES[loss_type](logp, old_logp, adv, mask, clip_low, clip_high)
-    tok = sur.loss
+    tok = sur.loss if token_weight is None else sur.loss * token_weight.detach()
     n_tokens = float(mask.sum())
     stats: dict[str, tuple[float, float]] = {}
     if kl_coef > 0:

@@ -2,8 +2,9 @@
 
 Kept (prompt, completion) sequences are packed into rows of at most `capacity` tokens by
 best-fit-decreasing; position ids restart at 0 for every sequence and no attention mask is passed,
-so transformers derives the block-diagonal causal mask from the restarting positions (sdpa/eager on
-CPU; flash-attn varlen on GPU). Only completion tokens are read back, so the logits at sequence
+so transformers derives the block-diagonal causal mask from the restarting positions (sdpa/eager), or the
+varlen cu_seqlens of flash-attn, which it does only for a batch of one row: with `flash_attention_2` every
+sequence of a micro-batch goes in one row (`packed_layout`). Only completion tokens are read back, so the logits at sequence
 boundaries (which would predict the next sequence's first token) are never used.
 
     packed logp[n, t] == padded logp[n, t]   (fp32: max abs diff <= 1e-5; tested)
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from dppo.scoring import at_least_fp32
+from dppo.scoring import decoder_and_head, model_device, scatter_completions, selective_logprobs
 
 
 def best_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -47,13 +48,24 @@ def pack_rows(lengths: list[int], capacity: int, step: int = 8) -> list[list[int
     return best
 
 
+def packed_layout(lengths: list[int], capacity: int, attn_implementation: str = "sdpa") -> list[list[int]]:
+    """Rows of sequence indices handed to the attention kernel. sdpa / eager: best-fit-decreasing rows of <=
+    `capacity` tokens (the block-diagonal mask comes from the restarting position ids). flash_attention_2:
+    every sequence in ONE row, because transformers derives the varlen cu_seqlens from restarting position
+    ids only for a batch of one row; several rows would let sequences attend across each other."""
+    if attn_implementation.startswith("flash_attention"):
+        return [sorted(range(len(lengths)), key=lambda i: -lengths[i])]
+    return pack_rows(lengths, capacity)
+
+
 def packed_completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
                                temperature: float, capacity: int) -> tuple[torch.Tensor, int]:
     """(logp [N, Tc] of each completion token in the input order, token slots processed).
 
-    One forward over the packed rows; gradients flow when called outside `torch.no_grad()`."""
+    One forward of the decoder over the packed rows (`packed_layout` for the model's attention kernel), then
+    the selective log-softmax at the completion positions; gradients flow outside `torch.no_grad()`."""
     lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
-    bins = pack_rows(lengths, capacity)
+    bins = packed_layout(lengths, capacity, getattr(model.config, "_attn_implementation", "sdpa") or "sdpa")
     width = max(sum(lengths[i] for i in b) for b in bins)
     ids = torch.full((len(bins), width), pad_id, dtype=torch.long)
     pos = torch.zeros((len(bins), width), dtype=torch.long)
@@ -66,19 +78,19 @@ def packed_completion_logprobs(model, prompt_ids: list[list[int]], completion_id
             where[i] = (r, off)
             off += lengths[i]
         pos[r, off:] = torch.arange(width - off)  # trailing padding: a block of its own, never read
-    logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits  # [rows, width, V]
-    tc = max(len(c) for c in completion_ids)
+    device = model_device(model)
+    ids, pos = ids.to(device), pos.to(device)
+    decoder, weight = decoder_and_head(model)
+    hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state  # [rows, width, H]
     rows, cols, out_n, out_t = [], [], [], []
     for i, (r, off) in enumerate(where):
         p, c = len(prompt_ids[i]), len(completion_ids[i])
         t = torch.arange(c)
         rows.append(torch.full((c,), r))
-        cols.append(off + p - 1 + t)  # the logit that predicts completion token t
+        cols.append(off + p - 1 + t)  # the hidden state that predicts completion token t
         out_n.append(torch.full((c,), i))
         out_t.append(t)
-    rows, cols, out_n, out_t = (torch.cat(x) for x in (rows, cols, out_n, out_t))
-    sel = at_least_fp32(logits[rows, cols]) / temperature  # [tokens, V]
-    target = ids[rows, cols + 1]
-    logp_flat = torch.log_softmax(sel, dim=-1).gather(-1, target[:, None]).squeeze(-1)
-    logp = torch.zeros((len(lengths), tc), dtype=logp_flat.dtype).index_put((out_n, out_t), logp_flat)
-    return logp, len(bins) * width
+    rows, cols, out_n, out_t = (torch.cat(x).to(device) for x in (rows, cols, out_n, out_t))
+    logp = selective_logprobs(hidden[rows, cols], weight, ids[rows, cols + 1], temperature)
+    return scatter_completions(logp, out_n, out_t, len(lengths), max(len(c) for c in completion_ids)), \
+        len(bins) * width

@@ -4,8 +4,9 @@ The trainer talks only to `RolloutEngine`; the transformers `generate` backend b
 the training model itself (so weight sync is a no-op). A vLLM engine with per-step weight sync can
 implement the same two methods.
 
-Sampling log-probs are those of the tempered, untruncated distribution,
-`log softmax(logits / temperature)[token]`, exactly what `scoring.completion_logprobs` recomputes.
+Sampling log-probs (returned when `SamplingParams.logprobs`) are those of the tempered, untruncated
+distribution, `log softmax(logits / temperature)[token]`, exactly what `scoring.completion_logprobs`
+recomputes; only the sampled token's value is kept, never a step's full-vocabulary logits.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Protocol
 
 import torch
 
+from dppo.scoring import at_least_fp32, model_device
+
 
 @dataclass
 class SamplingParams:
@@ -23,6 +26,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 96
+    logprobs: bool = False  # return the sampled tokens' log-probs (RolloutBatch.logprobs; None otherwise)
 
 
 @dataclass
@@ -30,7 +34,7 @@ class RolloutBatch:
     """Row r = completion r % n of prompt r // n (rows are grouped by prompt)."""
     prompt_ids: list[list[int]]  # [N] prompt token ids (repeated for each completion)
     completion_ids: list[list[int]]  # [N] generated ids, EOS included when emitted
-    logprobs: list[torch.Tensor]  # [N] each [len(completion)] sampling log-probs
+    logprobs: list[torch.Tensor | None]  # [N] each [len(completion)] sampling log-probs, or None if not asked
     texts: list[str]  # [N] decoded completions
     truncated: list[bool]  # [N] hit max_new_tokens without EOS
 
@@ -51,24 +55,49 @@ class RolloutEngine(Protocol):
     def sync_weights(self, model: torch.nn.Module) -> None: ...
 
 
-class HFRollout:
-    """transformers `generate` backend; `batch_size` rows (prompt x completion) per call."""
+class SampledLogprobs:
+    """A logits processor that keeps only the sampled token's log softmax(logits / temperature): at each step
+    it reads the previous step's row at the token just sampled (the last input id), so it holds one [n, V]
+    row block at a time instead of every step's full-vocabulary logits. Custom processors run before
+    generate's temperature / top-k / top-p warpers, so `scores` are the untempered logits."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 256):
-        self.model, self.tok, self.batch_size = model, tokenizer, batch_size
+    def __init__(self, temperature: float):
+        self.temperature, self.prev, self.steps = temperature, None, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.steps.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.prev = torch.log_softmax(at_least_fp32(scores) / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """[n, T] log-probs of the generated tokens (`sequences` [n, T])."""
+        if self.prev is not None:
+            self.steps.append(self.prev.gather(1, sequences[:, len(self.steps):len(self.steps) + 1]).squeeze(1))
+        self.prev = None
+        return torch.stack(self.steps, dim=1) if self.steps else sequences.new_zeros(sequences.shape, dtype=torch.float)
+
+
+class HFRollout:
+    """transformers `generate` backend; `batch_size` rows (prompt x completion) per call, on the model's device,
+    under `autocast_dtype` (e.g. bf16 compute over fp32 master weights) when given."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 256, autocast_dtype: torch.dtype | None = None):
+        self.model, self.tok, self.batch_size, self.autocast_dtype = model, tokenizer, batch_size, autocast_dtype
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model  # generation reads the live training weights
 
     @torch.no_grad()
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, LogitsProcessorList
 
         tok, model = self.tok, self.model
+        device = model_device(model)
         gen_cfg = GenerationConfig(
             do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             max_new_tokens=params.max_new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-            return_dict_in_generate=True, output_logits=True, use_cache=True)
+            return_dict_in_generate=True, use_cache=True)
         p_ids = tok(prompts, add_special_tokens=False)["input_ids"]
         rows = [ids for ids in p_ids for _ in range(params.n)]
         out = RolloutBatch([], [], [], [], [])
@@ -82,24 +111,50 @@ class HFRollout:
             for i, r in enumerate(chunk):  # left padding
                 ids[i, width - len(r):] = torch.tensor(r)
                 attn[i, width - len(r):] = 1
-            g = model.generate(input_ids=ids, attention_mask=attn, generation_config=gen_cfg)
-            new = g.sequences[:, width:]  # [n, T]
-            logits = torch.stack(g.logits, dim=1).float() / params.temperature  # [n, T, V]
-            lp = torch.log_softmax(logits, -1).gather(-1, new[:, :, None]).squeeze(-1)  # [n, T]
+            recorder = SampledLogprobs(params.temperature) if params.logprobs else None
+            with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+                g = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg,
+                                   logits_processor=LogitsProcessorList([recorder] if recorder else []))
+            new = g.sequences[:, width:].cpu()  # [n, T]
+            lp = recorder.finish(g.sequences[:, width:]).cpu() if recorder else None
             for i, r in enumerate(chunk):
                 seq = new[i].tolist()
                 end = seq.index(tok.eos_token_id) + 1 if tok.eos_token_id in seq else len(seq)
                 out.prompt_ids.append(r)
                 out.completion_ids.append(seq[:end])
-                out.logprobs.append(lp[i, :end].clone())
+                out.logprobs.append(lp[i, :end].clone() if lp is not None else None)
                 out.truncated.append(tok.eos_token_id not in seq)
         out.texts = tok.batch_decode(out.completion_ids, skip_special_tokens=True)
         model.train(was_training)
         return out
 
 
-def make_rollout_engine(backend: str, model, tokenizer, batch_size: int) -> RolloutEngine:
-    """The rollout engine named by the config field `rollout_backend`."""
+def make_rollout_engine(backend: str, model, tokenizer, batch_size: int, autocast_dtype: torch.dtype | None = None,
+                        model_path: str | None = None, **vllm_settings) -> RolloutEngine:
+    """The rollout engine named by the config field `rollout_backend`: `hf` samples from `model` itself; `vllm`
+    starts from `model_path` and receives `model`'s weights before its first generation."""
     if backend == "hf":
-        return HFRollout(model, tokenizer, batch_size)
-    raise ValueError(f"config field 'rollout_backend' must be one of ['hf'], got {backend!r}")
+        return HFRollout(model, tokenizer, batch_size, autocast_dtype)
+    if backend == "vllm":
+        from dppo.vllm_rollout import VLLMRollout
+
+        engine = VLLMRollout(model_path, tokenizer, **vllm_settings)
+        engine.sync_weights(model)
+        return engine
+    raise ValueError(f"config field 'rollout_backend' must be one of ['hf', 'vllm'], got {backend!r}")
+
+
+def engine_from_config(cfg, model, tokenizer, prompts: list[str]) -> RolloutEngine:
+    """The engine for a TrainConfig-like `cfg` (its rollout_* / vllm_* fields), for `model` and the `prompts`
+    it will see (vLLM's max_model_len: the longest prompt + max_new_tokens unless set)."""
+    from dppo.model import resolve_model_path
+
+    autocast = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(cfg.dtype)
+    if cfg.rollout_backend != "vllm":
+        return make_rollout_engine(cfg.rollout_backend, model, tokenizer, cfg.rollout_batch_size, autocast)
+    longest = max(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])
+    return make_rollout_engine(
+        "vllm", model, tokenizer, cfg.rollout_batch_size, model_path=resolve_model_path(cfg.model_name_or_path),
+        dtype=cfg.dtype, max_model_len=cfg.vllm_max_model_len or longest + cfg.max_new_tokens,
+        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, tensor_parallel_size=cfg.vllm_tensor_parallel_size,
+        seed=cfg.seed)

@@ -1,22 +1,100 @@
-"""Per-token log-probabilities of completions under a model (padded batches).
+"""Per-token log-probabilities of completions under a model (padded batches), memory-bounded.
 
     logp[n, t] = log softmax(logits(prompt_n + completion_n[:t]) / temperature)[completion_n[t]]
 
-Every scoring/training forward passes `use_cache=False`; sequences are right-padded with
-position ids 0..len-1, which equals left-padded generation with positions taken from the mask.
+The decoder's hidden states are read only at the positions that predict a completion token, and the
+vocabulary projection + log-softmax run in chunks of tokens inside one autograd function that recomputes
+each chunk's logits in the backward pass (`selective_logprobs`): extra memory is one chunk x V floats,
+never [N, T, V] (at the paper's 151,936-token vocabulary, 8 x 1,024 completion tokens would need 5 GB per
+float32 copy). Every scoring/training forward passes `use_cache=False`; sequences are right-padded with
+position ids 0..len-1, which equals left-padded generation with positions taken from the mask. Tensors
+are built on the model's device.
 """
 
 from __future__ import annotations
 
 import torch
 
+LOGITS_CHUNK_BYTES = 256 * 2**20  # float32 logits per chunk of the selective log-softmax
+
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
-    """bf16/fp16 logits upcast to fp32 for the log-softmax; fp32 and fp64 kept as they are."""
+    """bf16/fp16 values upcast to fp32; fp32 and fp64 kept as they are."""
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
-def right_pad(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def decoder_and_head(model) -> tuple[torch.nn.Module, torch.Tensor]:
+    """(the model without its vocabulary projection, the projection's weight [V, H]) of a causal LM whose
+    logits are exactly lm_head(hidden) (Qwen, Llama, Mistral); anything else is refused."""
+    head = model.get_output_embeddings()
+    cfg = model.config
+    if getattr(head, "bias", None) is not None or getattr(cfg, "final_logit_softcapping", None) \
+            or getattr(cfg, "logits_scaling", 1.0) not in (None, 1.0):
+        raise ValueError(f"{type(model).__name__}: selective log-probs need logits = lm_head(hidden) "
+                         "(no bias, soft-capping or logit scaling)")
+    return model.get_decoder(), head.weight
+
+
+class _SelectiveLogSoftmax(torch.autograd.Function):
+    """logp[m] = log softmax(hidden[m] @ W^T / temperature)[target[m]], chunk by chunk, in `compute`
+    dtype (bf16 under autocast) with fp32 (or fp64) log-sum-exp; the backward pass recomputes each chunk:
+    d logp / d logits = (onehot(target) - softmax) / temperature."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk, compute):
+        out_dtype = at_least_fp32(torch.empty(0, dtype=hidden.dtype)).dtype
+        m = hidden.shape[0]
+        lse = torch.empty(m, dtype=out_dtype, device=hidden.device)
+        logp = torch.empty(m, dtype=out_dtype, device=hidden.device)
+        w = weight.to(compute)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for s in range(0, m, chunk):
+                logits = (hidden[s:s + chunk].to(compute) @ w.T).to(out_dtype).div_(temperature)  # [c, V]
+                lse[s:s + chunk] = torch.logsumexp(logits, dim=-1)
+                logp[s:s + chunk] = logits.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse[s:s + chunk]
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature, ctx.chunk, ctx.compute = temperature, chunk, compute
+        return logp
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        t, chunk, compute = ctx.temperature, ctx.chunk, ctx.compute
+        w = weight.to(compute)
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if ctx.needs_input_grad[1] else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            for s in range(0, hidden.shape[0], chunk):
+                h, g = hidden[s:s + chunk].to(compute), grad[s:s + chunk].to(lse.dtype)
+                d = (h @ w.T).to(lse.dtype).div_(t).sub_(lse[s:s + chunk, None]).exp_()  # softmax [c, V]
+                d.mul_(-g[:, None]).scatter_add_(1, targets[s:s + chunk, None], g[:, None]).div_(t)  # dlogits
+                if grad_h is not None:
+                    grad_h[s:s + chunk] = (d.to(compute) @ w).to(hidden.dtype)
+                if grad_w is not None:
+                    grad_w += d.T @ h.to(lse.dtype)
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
+
+
+def selective_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                       chunk_bytes: int = LOGITS_CHUNK_BYTES) -> torch.Tensor:
+    """logp [M] of `targets` [M] under logits = hidden [M, H] @ weight [V, H]^T / temperature, holding at most
+    `chunk_bytes` of float32 logits at a time, forward and backward."""
+    chunk = max(1, chunk_bytes // (4 * weight.shape[0]))
+    compute = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) \
+        else hidden.dtype
+    return _SelectiveLogSoftmax.apply(hidden, weight, targets, float(temperature), chunk, compute)
+
+
+def scatter_completions(values: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor, n: int, width: int) -> torch.Tensor:
+    """values [M] of completion token `pos[m]` of sequence `seq[m]` -> [n, width], 0 elsewhere."""
+    return torch.zeros((n, width), dtype=values.dtype, device=values.device).index_put((seq, pos), values)
+
+
+def right_pad(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int, device=None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ids [N, T], attention_mask [N, T] and completion_mask [N, T] of prompt+completion rows."""
     lens = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
@@ -28,10 +106,11 @@ def right_pad(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_
         ids[i, : lens[i]] = torch.tensor(p + c, dtype=torch.long)
         attn[i, : lens[i]] = 1
         comp[i, len(p): lens[i]] = 1.0
-    return ids, attn, comp
+    return ids.to(device), attn.to(device), comp.to(device)
 
 
-def pad_completions(values: list[torch.Tensor], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_completions(values: list[torch.Tensor], width: int | None = None, device=None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack 1-D tensors into [N, Tc] (zero-padded) and a float mask [N, Tc]."""
     width = width or max((len(v) for v in values), default=0)
     out = torch.zeros((len(values), width), dtype=torch.float32)
@@ -39,23 +118,20 @@ def pad_completions(values: list[torch.Tensor], width: int | None = None) -> tup
     for i, v in enumerate(values):
         out[i, : len(v)] = v
         mask[i, : len(v)] = 1.0
-    return out, mask
+    return out.to(device), mask.to(device)
 
 
 def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
                         temperature: float = 1.0) -> torch.Tensor:
-    """logp [N, Tc] of each completion token (0 beyond a completion's length), one forward.
-
-    Gradients flow when called outside `torch.no_grad()`."""
-    ids, attn, _ = right_pad(prompt_ids, completion_ids, pad_id)
-    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits  # [N, T, V]
-    tc = max(len(c) for c in completion_ids)
-    # position of each completion token's predicting logit: len(prompt)-1+t
-    p_len = torch.tensor([len(p) for p in prompt_ids])
-    pos = (p_len[:, None] - 1 + torch.arange(tc)[None, :]).clamp(max=ids.shape[1] - 2)  # [N, Tc]
-    c_len = torch.tensor([len(c) for c in completion_ids])
-    valid = torch.arange(tc)[None, :] < c_len[:, None]  # [N, Tc]
-    sel = at_least_fp32(logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))) / temperature  # [N, Tc, V]
-    target = ids.gather(1, (pos + 1).clamp(max=ids.shape[1] - 1))  # [N, Tc]
-    logp = torch.log_softmax(sel, dim=-1).gather(-1, target[:, :, None]).squeeze(-1)
-    return logp * valid
+    """logp [N, Tc] of each completion token (0 beyond a completion's length), one forward of the decoder and a
+    selective log-softmax at the completion positions. Gradients flow when called outside `torch.no_grad()`."""
+    device = model_device(model)
+    ids, attn, _ = right_pad(prompt_ids, completion_ids, pad_id, device)
+    decoder, weight = decoder_and_head(model)
+    hidden = decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state  # [N, T, H]
+    seq = torch.cat([torch.full((len(c),), i) for i, c in enumerate(completion_ids)]).to(device)
+    pos = torch.cat([torch.arange(len(c)) for c in completion_ids]).to(device)
+    p_len = torch.tensor([len(p) for p in prompt_ids], device=device)
+    col = p_len[seq] - 1 + pos  # the position whose logits predict completion token pos
+    logp = selective_logprobs(hidden[seq, col], weight, ids[seq, col + 1], temperature)
+    return scatter_completions(logp, seq, pos, len(completion_ids), max(len(c) for c in completion_ids))

@@ -31,7 +31,7 @@ from dppo.model import load_policy
 from dppo.packing import pack_rows, packed_completion_logprobs
 from dppo.pruning import build_pruner, prune_step
 from dppo.reward import math_reward
-from dppo.rollout import RolloutBatch, SamplingParams, make_rollout_engine
+from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config
 from dppo.scoring import completion_logprobs, pad_completions
 
 
@@ -50,6 +50,16 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]
     if not train:
         raise ValueError(f"config field 'dataset' ({cfg.dataset!r}) yields no training problems")
     return train, evals
+
+
+COMPUTE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}  # config dtype -> autocast
+
+
+def _accumulate(sums: dict[str, list[float]], name: str, total: float, count: float) -> None:
+    """Add (sum, count) of a diagnostic, so its mean over micro-batches and epochs is exact."""
+    acc = sums.setdefault(name, [0.0, 0.0])
+    acc[0] += total
+    acc[1] += count
 
 
 class Timer:
@@ -76,21 +86,33 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.train, self.evals = load_data(cfg)
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
-        model, self.tok = load_policy(cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)
+        # mixed precision the standard way: fp32 master weights and optimizer state, `dtype` compute under
+        # torch.autocast (per trainer, so runs of different dtypes can share a process), fp16 with a grad scaler
+        self.compute_dtype = COMPUTE_DTYPES[cfg.dtype]
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.dtype == "float16" else None
+        model, self.tok = load_policy(cfg.model_name_or_path, "float32", cfg.attn_implementation)
+        if cfg.gradient_checkpointing:  # transformers >= 5.2x: activation_checkpointing_enable (the old name warns)
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if cfg.chat_template:
             self.train = with_chat_template(self.train, self.tok)
             self.evals = {k: with_chat_template(v, self.tok) for k, v in self.evals.items()}
         self.ref_model = None
         if cfg.kl_coef > 0:
-            self.ref_model, _ = load_policy(cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)
-            self.ref_model.requires_grad_(False)
+            self.ref_model, _ = load_policy(cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)  # no grads:
+            self.ref_model.requires_grad_(False).to(self.accelerator.device)  # stored in the compute dtype
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
         self.model, self.opt, self.sched = self.accelerator.prepare(model, opt, sched)
-        self.engine = make_rollout_engine(cfg.rollout_backend, self.accelerator.unwrap_model(self.model), self.tok,
-                                          cfg.rollout_batch_size)
+        if self.scaler is not None:
+            self.accelerator.register_for_checkpointing(self.scaler)
+        self.engine = engine_from_config(cfg, self.accelerator.unwrap_model(self.model), self.tok,
+                                         [p.prompt for p in self.train] + [p.prompt for v in self.evals.values() for p in v])
         self.sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
-                                       top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens)
+                                       top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens,
+                                       logprobs=cfg.rollout_is_correction != "none")
         self.step = 0
         self.composer = StepComposer(PromptStream(len(self.train), cfg.seed, prompt_limit(cfg.epochs, len(self.train))),
                                      cfg.refill, cfg.refill_window or 2 * cfg.prompts_per_step, cfg.group_size,
@@ -197,6 +219,9 @@ class Trainer:
         if self.ref_model is not None:
             with timer("ref_logprob"):
                 ref_logp = self.logprobs_no_grad(self.ref_model, p_ids, c_ids)
+        rollout_logp = None  # truncated importance sampling against the rollout engine's log-probs
+        if cfg.rollout_is_correction == "tis":
+            rollout_logp = pad_completions([batch.logprobs[r] for r in rows], None, self.accelerator.device)[0]
         self.model.train()
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
         loss_sum, grad_norm_sum, sums = 0.0, 0.0, {}  # sums: diagnostic -> [sum, count] over the whole update
@@ -212,27 +237,42 @@ class Trainer:
                     self.opt.zero_grad(set_to_none=True)
                     for idx in self.micro_batches(mb_rows, c_ids, p_ids):
                         mp, mc = [p_ids[i] for i in idx], [c_ids[i] for i in idx]
-                        logp, n_slots = self.score(self.model, mp, mc)
-                        mask = pad_completions([torch.ones(len(c)) for c in mc], logp.shape[1])[1].to(logp.dtype)
+                        with self.autocast():
+                            logp, n_slots = self.score(self.model, mp, mc)
+                        mask = pad_completions([torch.ones(len(c)) for c in mc], logp.shape[1],
+                                               logp.device)[1].to(logp.dtype)
                         old = logp.detach() if old_logp is None else old_logp[idx, : logp.shape[1]]
                         ref = None if ref_logp is None else ref_logp[idx, : logp.shape[1]]
+                        tis = None
+                        if rollout_logp is not None:  # min(pi_old / pi_rollout, C) per token
+                            gap = (old - rollout_logp[idx, : logp.shape[1]].to(old)) * mask
+                            tis = torch.exp(gap.clamp(max=20.0)).clamp(max=cfg.rollout_is_cap) * mask
+                            for name, x in (("rollout_is/weight", tis),
+                                            ("rollout_is/capped_frac", (tis >= cfg.rollout_is_cap).to(mask) * mask),
+                                            ("rollout/logprob_abs_diff", gap.abs())):
+                                _accumulate(sums, name, float(x.sum()), float(mask.sum()))
                         loss, st = policy_objective(
-                            logp, old, adv[idx].to(logp.dtype), mask, weights[idx], mb_norm, loss_type=cfg.loss_type,
+                            logp, old, adv[idx].to(logp), mask, weights[idx].to(logp.device), mb_norm, loss_type=cfg.loss_type,
                             agg=cfg.loss_agg, clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref,
-                            kl_coef=cfg.kl_coef, kl_bias_correction=cfg.kl_bias_correction, max_len=cfg.max_new_tokens)
-                        self.accelerator.backward(loss)
+                            kl_coef=cfg.kl_coef, kl_bias_correction=cfg.kl_bias_correction, max_len=cfg.max_new_tokens,
+                            token_weight=tis)
+                        self.accelerator.backward(loss if self.scaler is None else self.scaler.scale(loss))
                         loss_sum += loss.item()
                         for name, (total, count) in st.items():
-                            acc = sums.setdefault(name, [0.0, 0.0])
-                            acc[0] += total
-                            acc[1] += count
+                            _accumulate(sums, name, total, count)
                         slots += n_slots
                         valid += sum(len(b) for b in mc)
                         real += sum(len(a) + len(b) for a, b in zip(mp, mc))
+                    if self.scaler is not None:
+                        self.scaler.unscale_(self.opt)
                     if cfg.max_grad_norm > 0:
                         grad_norm_sum += float(self.accelerator.clip_grad_norm_(self.model.parameters(),
                                                                                 cfg.max_grad_norm))
-                    self.opt.step()
+                    if self.scaler is not None:  # skips the step when fp16 gradients overflowed
+                        self.scaler.step(self.opt)
+                        self.scaler.update()
+                    else:
+                        self.opt.step()
                     self.sched.step()
                     n_updates += 1
         self.model.eval()
@@ -269,10 +309,15 @@ class Trainer:
         logp = completion_logprobs(model, p_ids, c_ids, self.tok.pad_token_id, cfg.temperature)
         return logp, len(p_ids) * max(len(a) + len(b) for a, b in zip(p_ids, c_ids))
 
+    def autocast(self):
+        """The compute dtype's autocast on the training device (a no-op for float32)."""
+        return torch.autocast(self.accelerator.device.type, dtype=self.compute_dtype,
+                              enabled=self.compute_dtype is not None)
+
     def logprobs_no_grad(self, model, p_ids: list[list[int]], c_ids: list[list[int]]) -> torch.Tensor:
         """Old / reference log-probs [N, Tc_max] of the kept rows, in the update's micro-batches."""
         out = None
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             for idx in self.micro_batches(list(range(len(c_ids))), c_ids, p_ids):
                 lp, _ = self.score(model, [p_ids[i] for i in idx], [c_ids[i] for i in idx])
                 if out is None:

