@@ -325,7 +325,7 @@ def figure_f1(name: str = "F1_method_overview", out: Path = FIGURES):
         ("rollout", "G completions per\nkept prompt"),
         ("full-group\nadvantages", "A = (r - mean) / (std + eps)\nbefore any completion pruning"),
         ("completion stage", "small-|A| candidates kept\nw.p. pi_o = 1 - r_o"),
-        ("re-weight", "w = 1 / (pi_q pi_o), normaliser\nfixed before the masks"),
+        ("re-weight", "w = 1 / (pi_q pi_o),\nnormaliser fixed\nbefore the masks"),
         ("dense packing", "rows of <= C tokens,\nblock-diagonal attention"),
         ("update", "E[grad L_hat] = grad L\n(unbiased)"),
     ]
@@ -377,11 +377,12 @@ def case_study_answers(runs: dict[str, Path], split: str = "ood", samples: int =
     cfg = TrainConfig.load(Path(next(iter(runs.values()))) / "config.yaml")
     problems = load_data(cfg)[1][split]
     model, tok = load_policy(cfg.model_name_or_path)
+    model.to("cuda" if torch.cuda.is_available() else "cpu")
     engine = HFRollout(model, tok, 512)
 
     def sample(state: dict | None, prompts: list[str], n: int) -> list[str]:
         if state is not None:
-            model.load_state_dict(state, strict=False)  # the tied lm_head is not stored
+            model.load_state_dict({k: v.to(model.device) for k, v in state.items()}, strict=False)  # the tied lm_head is not stored
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             return engine.generate(prompts, SamplingParams(n=n, max_new_tokens=cfg.max_new_tokens)).texts

@@ -38,13 +38,13 @@ def per_sample_gram(model, tok, batch, adv: torch.Tensor, kl_coef: float = 0.1, 
     for n in range(adv.numel()):
         model.zero_grad(set_to_none=True)
         logp = completion_logprobs(model, batch.prompt_ids[n:n + 1], batch.completion_ids[n:n + 1], tok.pad_token_id)
-        mask = pad_completions([torch.ones(logp.shape[1])])[1]
-        old = logp.detach() + 0.3 * torch.randn(logp.shape, generator=gen)
-        ref = logp.detach() + 0.5 * torch.randn(logp.shape, generator=gen)
+        mask = pad_completions([torch.ones(logp.shape[1])], None, logp.device)[1]
+        old = logp.detach() + 0.3 * torch.randn(logp.shape, generator=gen).to(logp.device)
+        ref = logp.detach() + 0.5 * torch.randn(logp.shape, generator=gen).to(logp.device)
         loss, _ = policy_objective(logp, old, adv.reshape(-1)[n:n + 1], mask, torch.ones(1), 1.0, ref_logp=ref,
                                    kl_coef=kl_coef)
         loss.backward()
-        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]).double())
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]).double().cpu())
     model.zero_grad(set_to_none=True)
     g = torch.stack(grads)  # [N, P]
     return g @ g.T
