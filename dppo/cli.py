@@ -60,11 +60,12 @@ def cmd_eval(args, rest) -> int:
     model.to("cuda" if torch.cuda.is_available() else "cpu")  # inference only: weights in the compute dtype
     _, evals = load_data(cfg)
     if cfg.chat_template:
-        evals = {k: with_chat_template(v, tok) for k, v in evals.items()}
+        evals = {k: with_chat_template(v, tok, cfg.chat_template_kwargs) for k, v in evals.items()}
     if args.model:
         cfg = dataclasses.replace(cfg, model_name_or_path=args.model)
     engine = engine_from_config(cfg, model, tok, [p.prompt for v in evals.values() for p in v])
-    acc = evaluate(engine, evals, cfg.eval_samples, cfg.eval_temperature, cfg.max_new_tokens, seed=cfg.seed)
+    acc = evaluate(engine, evals, cfg.eval_samples, cfg.eval_temperature, cfg.max_new_tokens, seed=cfg.seed,
+                   k_per_split=cfg.eval_samples_per_split)
     print(f"pass@1 (%): {format_accuracy(acc)}")
     print(json.dumps(acc))
     return 0

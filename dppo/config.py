@@ -62,6 +62,8 @@ class TrainConfig:
     prompt_template: str = _f("{question}\nPlease reason step by step, and put your final answer within \\boxed{}.",
                               "Paper scale: how a dataset question becomes the prompt.")
     chat_template: bool = _f(False, "Paper scale: wrap prompts in the tokenizer's chat template (a user turn).")
+    chat_template_kwargs: dict = _f(None, "Arguments of the chat template, e.g. {enable_thinking: false} for Qwen3 "
+                                    "(thinking mode would run most answers past max_new_tokens).")
     # ---- algorithm
     algorithm: str = _f("grpo", "Base algorithm; fills the fields below that are left null.", choices=tuple(ALGORITHMS))
     scale_rewards: str = _f(None, "Advantage A = r - group mean, divided by (std + adv_eps) of the group (GRPO), of "
@@ -147,7 +149,9 @@ class TrainConfig:
     max_grad_norm: float = _f(1.0, "Gradient clipping norm (0 = off).")
     # ---- evaluation and saving
     eval_every: int = _f(50, "Evaluate every this many steps (and before the first and after the last).")
-    eval_samples: int = _f(4, "k: Pass@1 is averaged over k samples per problem.")
+    eval_samples: int = _f(4, "k samples per problem: eval/<split> is avg@k (Pass@1 averaged over the k samples), "
+                           "eval/<split>/pass@k the share of problems with at least one correct sample.")
+    eval_samples_per_split: dict = _f(None, "k per eval split where it differs from eval_samples (AIME / AMC: more).")
     eval_temperature: float = _f(1.0, "Sampling temperature of evaluation.")
     save_every: int = _f(50, "Checkpoint every this many steps (and at the end).")
     keep_checkpoints: int = _f(2, "How many checkpoints to keep.")
@@ -204,6 +208,11 @@ class TrainConfig:
         if self.dataset != "embedded" and not self.dataset.startswith("hf:") and not Path(self.dataset).is_file():
             raise ConfigError(f"config field 'dataset' must be 'embedded', an existing .jsonl/.parquet file or "
                               f"hf:<name>, got {self.dataset!r} (file not found)")
+        for name in ("chat_template_kwargs", "eval_samples_per_split"):
+            _check(getattr(self, name) is None or isinstance(getattr(self, name), dict), name, "a mapping or null",
+                   getattr(self, name))
+        for split, k in (self.eval_samples_per_split or {}).items():
+            _check(isinstance(k, int) and k >= 1, "eval_samples_per_split", "a mapping {split: integer >= 1}", k)
         if self.eval_datasets is not None:
             _check(isinstance(self.eval_datasets, dict) and self.eval_datasets, "eval_datasets",
                    "a non-empty mapping {split: path}", self.eval_datasets)

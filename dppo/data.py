@@ -4,6 +4,13 @@ A `Problem` is a prompt with its gold answer. Paper-scale data (MATH, GSM8K, the
 benchmarks; docs/method.md §4) are read from local `.jsonl`/`.parquet` files, or from the Hugging Face hub
 when the path is written `hf:<dataset>[:<split>[:<subset>]]` (needs the `datasets` package and a
 network), e.g. `hf:HuggingFaceH4/MATH-500:test` or `hf:openai/gsm8k:test:main`.
+
+The question is the record's `prompt`, `problem` or `question`; the gold answer its `answer`, `final_answer`
+or `solution` (names matched case-insensitively), normalised by `answer_text` and `gold_answer`. This covers
+the real schemas of MATH / MATH-500 (`problem`, `solution` with \boxed{} / `answer`), AIME24 (`answer` as text
+or integer), AMC23 (`question`, float `answer`), Minerva Math (`question`, `answer`), OlympiadBench
+(`question`, `final_answer` a list of $...$ strings) and GSM8K (`question`, `answer` ending in '#### n'); the
+fixtures in tests/fixtures/ hold records in each.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ def _records(path: str) -> list[dict]:
         try:
             import datasets  # optional: only paper-scale users loading from the hub need it
         except ImportError as e:
-            raise ValueError(f"data path {path!r} needs the `datasets` package: pip install datasets") from e
+            raise ValueError(f"data path {path!r} needs the `datasets` package: pip install -e .[data]") from e
         name, split, subset = (path[3:].split(":") + ["", ""])[:3]
         return list(datasets.load_dataset(name, subset or None, split=split or "train"))
     p = Path(path)
@@ -47,11 +54,28 @@ def _records(path: str) -> list[dict]:
     raise ValueError(f"data file {path!r} must end in .jsonl or .parquet, or be written hf:<name>[:<split>[:<subset>]]")
 
 
-def _field(record: dict, names: tuple[str, ...], path: str) -> str:
+def _field(record: dict, names: tuple[str, ...], path: str):
+    """The first of `names` the record has (case-insensitive: AIME exports write `Problem`, `Answer`)."""
+    lower = {str(k).lower(): v for k, v in record.items()}
     for n in names:
-        if n in record and record[n] is not None:
-            return str(record[n])
+        if lower.get(n) is not None:
+            return lower[n]
     raise ValueError(f"records of {path!r} need one of the fields {list(names)}")
+
+
+def answer_text(value) -> str:
+    """A gold answer field as text, whatever its schema: lists (OlympiadBench's `final_answer`, several answers
+    joined by ', '), numbers (AMC23's 27.0 -> '27'), LaTeX wrapped in $...$ (unwrapped)."""
+    if hasattr(value, "tolist"):  # numpy arrays / scalars from parquet
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return ", ".join(answer_text(v) for v in value if v is not None)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    text = str(value).strip()
+    while len(text) >= 2 and text.startswith("$") and text.endswith("$"):
+        text = text[1:-1].strip()
+    return text
 
 
 def gold_answer(text: str) -> str:
@@ -76,11 +100,13 @@ def load_problems(path: str, split: str, template: str = "{question}\n" + MATH_I
         recs = recs[:limit]
     if not recs:
         raise ValueError(f"data file {path!r} holds no records")
-    return [Problem(prompt=template.replace("{question}", _field(r, QUESTION_FIELDS, path)),
-                    answer=gold_answer(_field(r, ANSWER_FIELDS, path)), split=split) for r in recs]
+    return [Problem(prompt=template.replace("{question}", str(_field(r, QUESTION_FIELDS, path)).strip()),
+                    answer=gold_answer(answer_text(_field(r, ANSWER_FIELDS, path))), split=split) for r in recs]
 
 
-def with_chat_template(problems: list[Problem], tokenizer) -> list[Problem]:
-    """The same problems with each prompt wrapped as a user turn in `tokenizer`'s chat template."""
+def with_chat_template(problems: list[Problem], tokenizer, template_kwargs: dict | None = None) -> list[Problem]:
+    """The same problems with each prompt wrapped as a user turn in `tokenizer`'s chat template;
+    `template_kwargs` go to the template (Qwen3: {"enable_thinking": False}, or answers run past 1,024 tokens)."""
     return [dataclasses.replace(p, prompt=tokenizer.apply_chat_template(
-        [{"role": "user", "content": p.prompt}], tokenize=False, add_generation_prompt=True)) for p in problems]
+        [{"role": "user", "content": p.prompt}], tokenize=False, add_generation_prompt=True, **(template_kwargs or {})))
+        for p in problems]

@@ -1,6 +1,8 @@
-"""Evaluation: Pass@1 averaged over k samples per problem, per split and on average (docs/method.md §4).
+"""Evaluation: Pass@1 averaged over k samples per problem (avg@k) and pass@k, per split, and avg@k on
+average over the splits (docs/method.md §4).
 
-    pass@1(split) = 1/(|split| k) * sum_problems sum_{j<k} reward(sample_j, gold)
+    avg@k(split)  = 1/(|split| k) * sum_problems sum_{j<k} reward(sample_j, gold)
+    pass@k(split) = 1/|split| * sum_problems max_{j<k} reward(sample_j, gold)
 """
 
 from __future__ import annotations
@@ -13,20 +15,25 @@ from dppo.rollout import RolloutEngine, SamplingParams
 
 
 def evaluate(engine: RolloutEngine, splits: dict[str, list[Problem]], k: int, temperature: float,
-             max_new_tokens: int, seed: int = 0) -> dict[str, float]:
-    """{split: pass@1, 'avg': mean over splits}. Sampling uses a forked RNG seeded by `seed`, so
-    evaluating never changes the training run's random stream."""
+             max_new_tokens: int, seed: int = 0, k_per_split: dict[str, int] | None = None) -> dict[str, float]:
+    """{split: avg@k, f'{split}/pass@{k}': pass@k, 'avg': mean of the splits' avg@k}, k = k_per_split.get(split, k).
+    Sampling uses a forked RNG seeded by `seed`, so evaluating never changes the training run's random stream."""
     out: dict[str, float] = {}
+    avgs = []
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
         torch.manual_seed(seed)
-        params = SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens)
         for name, problems in splits.items():
+            n = (k_per_split or {}).get(name, k)
+            params = SamplingParams(n=n, temperature=temperature, max_new_tokens=max_new_tokens)
             batch = engine.generate([p.prompt for p in problems], params)
-            scores = [math_reward(text, problems[r // k].answer) for r, text in enumerate(batch.texts)]
-            out[name] = sum(scores) / len(scores)
-    out["avg"] = sum(out.values()) / len(splits)
+            scores = torch.tensor([math_reward(text, problems[r // n].answer) for r, text in enumerate(batch.texts)])
+            scores = scores.view(len(problems), n)
+            out[name] = float(scores.mean())
+            out[f"{name}/pass@{n}"] = float((scores.max(dim=1).values > 0).float().mean())
+            avgs.append(out[name])
+    out["avg"] = sum(avgs) / len(avgs)
     return out
 
 
 def format_accuracy(acc: dict[str, float]) -> str:
-    return "  ".join(f"{k}={100 * v:.1f}" for k, v in acc.items())
+    return "  ".join(f"{k}={100 * v:.1f}" for k, v in acc.items() if "/pass@" not in k)

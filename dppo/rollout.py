@@ -1,8 +1,8 @@
 """Rollout: prompts -> G sampled completions each, with their sampling log-probs.
 
 The trainer talks only to `RolloutEngine`; the transformers `generate` backend below samples from
-the training model itself (so weight sync is a no-op). A vLLM engine with per-step weight sync can
-implement the same two methods.
+the training model itself (so weight sync is a no-op); `dppo.vllm_rollout` implements the same two methods
+on vLLM, with the weights pushed after every optimizer step.
 
 Sampling log-probs (returned when `SamplingParams.logprobs`) are those of the tempered, untruncated
 distribution, `log softmax(logits / temperature)[token]`, exactly what `scoring.completion_logprobs`

@@ -97,8 +97,8 @@ class Trainer:
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if cfg.chat_template:
-            self.train = with_chat_template(self.train, self.tok)
-            self.evals = {k: with_chat_template(v, self.tok) for k, v in self.evals.items()}
+            self.train = with_chat_template(self.train, self.tok, cfg.chat_template_kwargs)
+            self.evals = {k: with_chat_template(v, self.tok, cfg.chat_template_kwargs) for k, v in self.evals.items()}
         self.ref_model = None
         if cfg.kl_coef > 0:
             self.ref_model, _ = load_policy(cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)  # no grads:
@@ -328,7 +328,8 @@ class Trainer:
     # ------------------------------------------------------------ eval, checkpoints, loop
     def run_eval(self) -> dict[str, float]:
         acc = evaluate(self.engine, self.evals, self.cfg.eval_samples, self.cfg.eval_temperature,
-                       self.cfg.max_new_tokens, seed=self.cfg.seed + 17 * self.step)
+                       self.cfg.max_new_tokens, seed=self.cfg.seed + 17 * self.step,
+                       k_per_split=self.cfg.eval_samples_per_split)
         tqdm.write(f"[eval step {self.step}] pass@1 (%): {format_accuracy(acc)}")
         return acc
 

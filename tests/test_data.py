@@ -52,3 +52,16 @@ def test_chat_template_wraps_prompts(embedded, tmp_path):
     f.write_text(json.dumps({"problem": "2+2?", "answer": "4"}))
     [p] = with_chat_template(load_problems(str(f), "t", template="{question}"), tok)
     assert p.prompt == "<user>2+2?<assistant>" and p.answer == "4"
+
+
+def test_chat_template_kwargs_reach_the_template(embedded, tmp_path):
+    """chat_template_kwargs (Qwen3: enable_thinking=False) are passed to the template."""
+    _, tok = embedded
+    tok = type(tok).from_pretrained(tok.name_or_path)
+    tok.chat_template = ("{% for m in messages %}{{ m.content }}{% endfor %}"
+                         "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}")
+    f = tmp_path / "d.jsonl"
+    f.write_text(json.dumps({"problem": "2+2?", "answer": "4"}))
+    problems = load_problems(str(f), "t", template="{question}")
+    assert with_chat_template(problems, tok)[0].prompt == "2+2?"
+    assert with_chat_template(problems, tok, {"enable_thinking": False})[0].prompt == "2+2?<think></think>"
