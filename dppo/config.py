@@ -19,6 +19,10 @@ from dppo.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 from dppo.pruning import NORMALISERS, PRUNER_FIELDS, PRUNERS, SAMPLING_MODES
 
 
+# config dtype -> the autocast compute dtype over fp32 master weights (None: plain fp32)
+COMPUTE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 class ConfigError(ValueError):
     """A one-line, user-facing configuration error."""
 
@@ -50,7 +54,7 @@ class TrainConfig:
                                  "the depth), a local model dir, or hf:<repo id>.")
     dtype: str = _f("float32", "Compute dtype. bfloat16 / float16 = mixed precision: fp32 master weights and "
                     "optimizer state, torch.autocast compute (float16 with a grad scaler); the reference model "
-                    "is stored in this dtype. float16 needs CUDA.", choices=("float32", "bfloat16", "float16"))
+                    "is stored in this dtype. float16 needs CUDA.", choices=tuple(COMPUTE_DTYPES))
     gradient_checkpointing: bool = _f(False, "Recompute the decoder's activations in the backward pass (less memory, "
                                       "about a third more compute).")
     attn_implementation: str = _f("sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))

@@ -147,9 +147,10 @@ def make_rollout_engine(backend: str, model, tokenizer, batch_size: int, autocas
 def engine_from_config(cfg, model, tokenizer, prompts: list[str]) -> RolloutEngine:
     """The engine for a TrainConfig-like `cfg` (its rollout_* / vllm_* fields), for `model` and the `prompts`
     it will see (vLLM's max_model_len: the longest prompt + max_new_tokens unless set)."""
+    from dppo.config import COMPUTE_DTYPES
     from dppo.model import resolve_model_path
 
-    autocast = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(cfg.dtype)
+    autocast = COMPUTE_DTYPES[cfg.dtype]
     if cfg.rollout_backend != "vllm":
         return make_rollout_engine(cfg.rollout_backend, model, tokenizer, cfg.rollout_batch_size, autocast)
     longest = max(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])

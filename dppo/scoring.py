@@ -46,7 +46,7 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk, compute):
-        out_dtype = at_least_fp32(torch.empty(0, dtype=hidden.dtype)).dtype
+        out_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
         m = hidden.shape[0]
         lse = torch.empty(m, dtype=out_dtype, device=hidden.device)
         logp = torch.empty(m, dtype=out_dtype, device=hidden.device)
@@ -74,8 +74,8 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
                 d.mul_(-g[:, None]).scatter_add_(1, targets[s:s + chunk, None], g[:, None]).div_(t)  # dlogits
                 if grad_h is not None:
                     grad_h[s:s + chunk] = (d.to(compute) @ w).to(hidden.dtype)
-                if grad_w is not None:
-                    grad_w += d.T @ h.to(lse.dtype)
+                if grad_w is not None:  # the matmul in the compute dtype (bf16 tensor cores), accumulated in fp32
+                    grad_w += (d.to(compute).T @ h).to(lse.dtype)
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
 
 

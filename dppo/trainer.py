@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dppo.composition import PromptStream, StepComposer, prompt_limit
-from dppo.config import TrainConfig
+from dppo.config import COMPUTE_DTYPES, TrainConfig
 from dppo.data import Problem, load_problems, with_chat_template
 from dppo.evaluation import evaluate, format_accuracy
 from dppo.history import PromptHistory
@@ -50,9 +50,6 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]
     if not train:
         raise ValueError(f"config field 'dataset' ({cfg.dataset!r}) yields no training problems")
     return train, evals
-
-
-COMPUTE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}  # config dtype -> autocast
 
 
 def _accumulate(sums: dict[str, list[float]], name: str, total: float, count: float) -> None:
@@ -275,6 +272,7 @@ class Trainer:
                         self.opt.step()
                     self.sched.step()
                     n_updates += 1
+        self.opt.zero_grad(set_to_none=True)  # gradients freed before the next rollout (vLLM wakes into that memory)
         self.model.eval()
         n_updates = max(1, n_updates)
         return {"loss": loss_sum / n_updates, **{k: s / max(c, 1.0) for k, (s, c) in sums.items()},

@@ -74,6 +74,7 @@ class VLLMRollout:
         from vllm.inputs import TokensPrompt
 
         if self.asleep:
+            torch.cuda.empty_cache()  # return the update's cached blocks to the device before vLLM takes its share
             self.llm.wake_up()
             self.asleep = False
         if self.pending is not None:
