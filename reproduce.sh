@@ -6,20 +6,23 @@
 #   ./reproduce.sh                          every study, then paper_figures
 #   ./reproduce.sh --study main_results     one study (a notebook name), then paper_figures
 #   ./reproduce.sh --study packing -f my.yaml   papermill parameter file for the study
-#   ./reproduce.sh --profile paper          paper-scale parameter files experiments/paper/<study>.yaml (GPUs)
+#   ./reproduce.sh --profile paper          paper-scale parameter files experiments/paper/<study>.yaml (GPUs):
+#                                           each training run its own `accelerate launch` over all local GPUs
+#   ./reproduce.sh --profile paper --dry-run   print every command and the estimated GPU-hours per study
 #   ./reproduce.sh --train CONFIG.yaml [--field value ...]   one training run (dppo train)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 bash scripts/bootstrap.sh
 STUDIES=(main_results algorithms scale ablations gradient_variance packing case_study)
-study="" params="" profile="cpu"
+study="" params="" profile="cpu" dry_run=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --train) shift; exec .venv/bin/dppo train --config "$@" ;;
     --study) study="$2"; shift 2 ;;
     -f|--parameters) params="$2"; shift 2 ;;
     --profile) profile="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --dry-run) dry_run=1; shift ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "reproduce.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -27,6 +30,9 @@ done
 if [ -n "$study" ]; then
   [ -f "notebooks/$study.ipynb" ] || { echo "reproduce.sh: --study must be one of: ${STUDIES[*]} paper_figures train" >&2; exit 2; }
   STUDIES=("$study")
+fi
+if [ "$dry_run" = 1 ]; then
+  exec .venv/bin/python -m dppo.budget --profile "$profile" ${study:+--study "$study"}
 fi
 mkdir -p experiments/results/notebooks
 for nb in "${STUDIES[@]}"; do

@@ -39,8 +39,10 @@ def cmd_train(args, rest) -> int:
     from dppo.trainer import Trainer
 
     cfg = TrainConfig.load(args.config, _overrides(rest))
-    acc = Trainer(cfg).fit()
-    print(json.dumps({"final_eval": acc}))
+    trainer = Trainer(cfg)
+    acc = trainer.fit()
+    if trainer.is_main:  # under accelerate launch: one line, not one per rank
+        print(json.dumps({"final_eval": acc}))
     return 0
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from dppo.scoring import decoder_and_head, model_device, scatter_completions, selective_logprobs
+from dppo.scoring import as_scorer, model_device, scatter_completions
 
 
 def best_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -63,9 +63,12 @@ def packed_completion_logprobs(model, prompt_ids: list[list[int]], completion_id
     """(logp [N, Tc] of each completion token in the input order, token slots processed).
 
     One forward of the decoder over the packed rows (`packed_layout` for the model's attention kernel), then
-    the selective log-softmax at the completion positions; gradients flow outside `torch.no_grad()`."""
+    the selective log-softmax at the completion positions (`scoring.TokenLogprobs`; `model` a causal LM or a
+    wrapped TokenLogprobs); gradients flow outside `torch.no_grad()`."""
     lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
-    bins = packed_layout(lengths, capacity, getattr(model.config, "_attn_implementation", "sdpa") or "sdpa")
+    scorer = as_scorer(model)
+    policy = getattr(scorer, "module", scorer).policy  # under DDP / FSDP: the wrapped TokenLogprobs' causal LM
+    bins = packed_layout(lengths, capacity, getattr(policy.config, "_attn_implementation", "sdpa") or "sdpa")
     width = max(sum(lengths[i] for i in b) for b in bins)
     ids = torch.full((len(bins), width), pad_id, dtype=torch.long)
     pos = torch.zeros((len(bins), width), dtype=torch.long)
@@ -80,8 +83,6 @@ def packed_completion_logprobs(model, prompt_ids: list[list[int]], completion_id
         pos[r, off:] = torch.arange(width - off)  # trailing padding: a block of its own, never read
     device = model_device(model)
     ids, pos = ids.to(device), pos.to(device)
-    decoder, weight = decoder_and_head(model)
-    hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state  # [rows, width, H]
     rows, cols, out_n, out_t = [], [], [], []
     for i, (r, off) in enumerate(where):
         p, c = len(prompt_ids[i]), len(completion_ids[i])
@@ -91,6 +92,6 @@ def packed_completion_logprobs(model, prompt_ids: list[list[int]], completion_id
         out_n.append(torch.full((c,), i))
         out_t.append(t)
     rows, cols, out_n, out_t = (torch.cat(x).to(device) for x in (rows, cols, out_n, out_t))
-    logp = selective_logprobs(hidden[rows, cols], weight, ids[rows, cols + 1], temperature)
+    logp = scorer(ids, rows, cols, temperature, position_ids=pos)  # one decoder forward over the packed rows
     return scatter_completions(logp, out_n, out_t, len(lengths), max(len(c) for c in completion_ids)), \
         len(bins) * width

@@ -112,15 +112,23 @@ def figures_dir(smoke: bool = False) -> Path:
     return Path("experiments/results/smoke/figures") if smoke else FIGURES
 
 
-def run(config: str | Path, output_dir: str | Path, smoke: bool = False, **overrides) -> Path:
-    """Train `config` (YAML) into `output_dir` with field overrides; `smoke` shrinks it to seconds.
-    A finished run (its `final/` exists and its config is unchanged) is not trained again."""
+def run(config: str | Path, output_dir: str | Path, smoke: bool = False, launch: dict | None = None,
+        **overrides) -> Path:
+    """Train `config` (YAML) into `output_dir` with field overrides; `smoke` shrinks it to seconds. In this
+    process, or, with `launch` ({accelerate_config, num_processes}; `dppo.launch`), as its own `accelerate
+    launch` over the local GPUs. A finished run (its `final/` exists and its config is unchanged) is not
+    trained again."""
     fields = {**(SMOKE if smoke else {}), **overrides, "output_dir": str(output_dir)}
     cfg = TrainConfig.load(config, fields)
     out = Path(output_dir)
     if (out / "final").is_dir() and (out / "config.yaml").is_file() and TrainConfig.load(out / "config.yaml") == cfg:
         return out
-    Trainer(cfg).fit()
+    if launch:
+        from dppo.launch import launch_run
+
+        launch_run(cfg, launch)
+    else:
+        Trainer(cfg).fit()
     return out
 
 
@@ -149,10 +157,31 @@ def summarize(run_dir: str | Path) -> dict:
     return row
 
 
-def run_layout(layout: dict, smoke: bool = False) -> dict[str, Path]:
-    """Train every run of a study layout (finished runs are skipped); {label: run folder}."""
-    root = results_root(smoke)
-    return {label: run(cfg, root / sub, smoke=smoke, **over) for label, (cfg, over, sub) in layout.items()}
+def run_layout(layout: dict, smoke: bool = False, launch: dict | None = None, root: str | Path = "") -> dict[str, Path]:
+    """Train every run of a study layout under `root` (default `results_root(smoke)`; finished runs are
+    skipped); {label: run folder}."""
+    root = Path(root) if root else results_root(smoke)
+    return {label: run(cfg, root / sub, smoke=smoke, launch=launch, **over) for label, (cfg, over, sub) in layout.items()}
+
+
+def study_layouts(study: str, configs: dict | None = None, overrides: dict | None = None,
+                  large_model: str = "embedded-large", rates=T5_RATES) -> dict[str, dict]:
+    """{table: layout} that a study notebook trains, from its papermill parameters (`configs` replaces T1's YAML
+    files by label, `overrides` applies to every run, `large_model` is T3's larger model, `rates` T5's grid).
+    The notebooks and the dry run (`dppo.budget`) both build their runs here."""
+    configs, overrides = configs or {}, overrides or {}
+
+    def apply(layout: dict, extra=lambda sub: {}) -> dict:
+        return {k: (configs.get(k, cfg), {**over, **overrides, **extra(sub)}, sub) for k, (cfg, over, sub) in layout.items()}
+    if study == "main_results":
+        return {"T1": apply(T1_RUNS)}
+    if study == "algorithms":
+        return {"T2": apply(T2_RUNS)}
+    if study == "scale":
+        return {"T3": apply(T3_RUNS, lambda sub: {"model_name_or_path": large_model} if "large" in sub else {})}
+    if study == "ablations":
+        return {"T4": apply(T4_RUNS), "T5": apply(t5_runs(rates))}
+    return {}
 
 
 def compare(runs: dict[str, str | Path], baseline: str) -> pd.DataFrame:
@@ -382,7 +411,10 @@ def case_study_answers(runs: dict[str, Path], split: str = "ood", samples: int =
 
     def sample(state: dict | None, prompts: list[str], n: int) -> list[str]:
         if state is not None:
-            model.load_state_dict({k: v.to(model.device) for k, v in state.items()}, strict=False)  # the tied lm_head is not stored
+            # checkpoints hold the trainer's TokenLogprobs ("policy." prefix); the tied lm_head is not stored
+            missing, unexpected = model.load_state_dict(
+                {k.removeprefix("policy."): v.to(model.device) for k, v in state.items()}, strict=False)
+            assert not unexpected and all("lm_head" in k for k in missing), (missing, unexpected)
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             return engine.generate(prompts, SamplingParams(n=n, max_new_tokens=cfg.max_new_tokens)).texts

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+from dppo.distributed import full_state_items, is_sharded
 from dppo.scoring import at_least_fp32, model_device
 
 
@@ -38,11 +39,12 @@ class RolloutBatch:
     texts: list[str]  # [N] decoded completions
     truncated: list[bool]  # [N] hit max_new_tokens without EOS
 
+    FIELDS = ("prompt_ids", "completion_ids", "logprobs", "texts", "truncated")
+
     @classmethod
     def concat(cls, batches: list["RolloutBatch"]) -> "RolloutBatch":
-        """The rows of several batches, in order (rollout rounds of one step)."""
-        return cls(*([x for b in batches for x in getattr(b, f)] for f in
-                     ("prompt_ids", "completion_ids", "logprobs", "texts", "truncated")))
+        """The rows of several batches, in order (rollout rounds of one step, or ranks' shards)."""
+        return cls(*([x for b in batches for x in getattr(b, f)] for f in cls.FIELDS))
 
     @property
     def num_tokens(self) -> int:
@@ -86,7 +88,15 @@ class HFRollout:
         self.model, self.tok, self.batch_size, self.autocast_dtype = model, tokenizer, batch_size, autocast_dtype
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        self.model = model  # generation reads the live training weights
+        """Generation reads the live training weights; when they are FSDP shards, the engine's own full copy
+        (the `model` it was built with) is refreshed from them instead (every rank in step: all-gathers)."""
+        if not is_sharded(model):
+            self.model = model
+            return
+        own = self.model.state_dict()
+        with torch.no_grad():
+            for name, value in full_state_items(model):
+                own[name].copy_(value)
 
     @torch.no_grad()
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:

@@ -121,17 +121,45 @@ def pad_completions(values: list[torch.Tensor], width: int | None = None, device
     return out.to(device), mask.to(device)
 
 
+class TokenLogprobs(torch.nn.Module):
+    """A causal LM whose forward returns the selective log-probs of chosen tokens instead of logits:
+
+        forward(input_ids [R, T], rows [M], cols [M], temperature, attention_mask | position_ids [R, T])
+            = log softmax(lm_head(hidden[rows, cols]) / temperature)[input_ids[rows, cols + 1]]   [M]
+
+    This module, not the causal LM, is what DDP / FSDP wrap (`Trainer`): the vocabulary projection then runs
+    inside the wrapped forward, where FSDP has gathered the head's weight and DDP sees every parameter used.
+    The causal LM is `.policy` (checkpoints, rollout, `final/`)."""
+
+    def __init__(self, policy: torch.nn.Module):
+        super().__init__()
+        self.policy = policy
+        self._no_split_modules = getattr(policy, "_no_split_modules", None)  # FSDP auto-wrap: the decoder layers
+
+    def forward(self, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, temperature: float,
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        decoder, weight = decoder_and_head(self.policy)
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False).last_hidden_state  # [R, T, H]
+        return selective_logprobs(hidden[rows, cols], weight, input_ids[rows, cols + 1], temperature)
+
+
+def as_scorer(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` itself when it is a (possibly DDP/FSDP-wrapped) `TokenLogprobs`, else a `TokenLogprobs` view of the
+    causal LM (no copy)."""
+    return TokenLogprobs(model) if hasattr(model, "get_decoder") else model
+
+
 def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
                         temperature: float = 1.0) -> torch.Tensor:
     """logp [N, Tc] of each completion token (0 beyond a completion's length), one forward of the decoder and a
-    selective log-softmax at the completion positions. Gradients flow when called outside `torch.no_grad()`."""
+    selective log-softmax at the completion positions (`TokenLogprobs`). `model`: a causal LM or a wrapped
+    `TokenLogprobs`. Gradients flow when called outside `torch.no_grad()`."""
     device = model_device(model)
     ids, attn, _ = right_pad(prompt_ids, completion_ids, pad_id, device)
-    decoder, weight = decoder_and_head(model)
-    hidden = decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state  # [N, T, H]
     seq = torch.cat([torch.full((len(c),), i) for i, c in enumerate(completion_ids)]).to(device)
     pos = torch.cat([torch.arange(len(c)) for c in completion_ids]).to(device)
     p_len = torch.tensor([len(p) for p in prompt_ids], device=device)
     col = p_len[seq] - 1 + pos  # the position whose logits predict completion token pos
-    logp = selective_logprobs(hidden[seq, col], weight, ids[seq, col + 1], temperature)
+    logp = as_scorer(model)(ids, seq, col, temperature, attention_mask=attn)
     return scatter_completions(logp, seq, pos, len(completion_ids), max(len(c) for c in completion_ids))

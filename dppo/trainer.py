@@ -6,6 +6,10 @@ advantages -> completion stage -> old / reference log-probs of the kept rows onl
 minibatch updates with weights and normaliser from the pruner -> sync rollout weights.
 Each phase is timed (`timing_s/*`); metrics go to `metrics.jsonl`, checkpoints (safetensors via
 accelerate) to `checkpoints/step_N`, and a run resumes from its newest checkpoint.
+
+Under `accelerate launch` (DDP or FSDP; docs/method.md §4.1, `dppo.distributed`) every rank composes the same
+step, rolls out and scores its shard, the rollouts are gathered, each rank trains on its token-balanced share
+of the kept rows, and only the main process writes.
 """
 
 from __future__ import annotations
@@ -15,15 +19,16 @@ import random
 import shutil
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from dppo.composition import PromptStream, StepComposer, prompt_limit
-from dppo.config import COMPUTE_DTYPES, TrainConfig
+from dppo.config import COMPUTE_DTYPES, ConfigError, TrainConfig
 from dppo.data import Problem, load_problems, with_chat_template
+from dppo.distributed import all_gather, balance, gather_rollouts, pad_to, shard, unshard
 from dppo.evaluation import evaluate, format_accuracy
 from dppo.history import PromptHistory
 from dppo.losses import policy_objective, zero_std_groups
@@ -32,7 +37,7 @@ from dppo.packing import pack_rows, packed_completion_logprobs
 from dppo.pruning import build_pruner, prune_step
 from dppo.reward import math_reward
 from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config
-from dppo.scoring import completion_logprobs, pad_completions
+from dppo.scoring import TokenLogprobs, completion_logprobs, pad_completions
 
 
 def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]]:
@@ -62,7 +67,7 @@ def _accumulate(sums: dict[str, list[float]], name: str, total: float, count: fl
 class Timer:
     """Wall-clock seconds per phase; phases a step skips report 0."""
 
-    def __init__(self, phases=("prune", "rollout", "reward", "old_logprob", "ref_logprob", "update")):
+    def __init__(self, phases=("prune", "rollout", "reward", "gather", "old_logprob", "ref_logprob", "update")):
         self.times: dict[str, float] = dict.fromkeys(phases, 0.0)
 
     @contextmanager
@@ -75,24 +80,33 @@ class Timer:
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         from accelerate import Accelerator
+        from accelerate.utils import DistributedDataParallelKwargs, DistributedType
 
         self.cfg = cfg.validate()
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
+        # DDP's per-forward buffer broadcast is off: ranks run their own no-grad passes (the buffers are constants)
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(),
+                                       kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+        self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
+        self.is_main = self.accelerator.is_main_process
+        self.fsdp = self.accelerator.distributed_type == DistributedType.FSDP
+        if self.world > 1 and cfg.rollout_backend == "vllm" and cfg.vllm_tensor_parallel_size > 1:
+            raise ConfigError("config field 'vllm_tensor_parallel_size' must be 1 under accelerate launch with "
+                              f"{self.world} processes (one vLLM engine per rank), got {cfg.vllm_tensor_parallel_size}")
+        random.seed(cfg.seed + self.rank)  # rollout sampling: each rank its own stream (rank 0 = one process)
+        torch.manual_seed(cfg.seed + self.rank)
         self.train, self.evals = load_data(cfg)
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         # mixed precision the standard way: fp32 master weights and optimizer state, `dtype` compute under
         # torch.autocast (per trainer, so runs of different dtypes can share a process), fp16 with a grad scaler
         self.compute_dtype = COMPUTE_DTYPES[cfg.dtype]
         self.scaler = torch.amp.GradScaler("cuda") if cfg.dtype == "float16" else None
-        model, self.tok = load_policy(cfg.model_name_or_path, "float32", cfg.attn_implementation)
+        policy, self.tok = load_policy(cfg.model_name_or_path, "float32", cfg.attn_implementation)
         if cfg.gradient_checkpointing:  # transformers >= 5.2x: activation_checkpointing_enable (the old name warns)
-            if hasattr(model, "activation_checkpointing_enable"):
-                model.activation_checkpointing_enable({"use_reentrant": False})
+            if hasattr(policy, "activation_checkpointing_enable"):
+                policy.activation_checkpointing_enable({"use_reentrant": False})
             else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if cfg.chat_template:
             self.train = with_chat_template(self.train, self.tok, cfg.chat_template_kwargs)
             self.evals = {k: with_chat_template(v, self.tok, cfg.chat_template_kwargs) for k, v in self.evals.items()}
@@ -100,12 +114,17 @@ class Trainer:
         if cfg.kl_coef > 0:
             self.ref_model, _ = load_policy(cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)  # no grads:
             self.ref_model.requires_grad_(False).to(self.accelerator.device)  # stored in the compute dtype
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        scorer = TokenLogprobs(policy)  # what DDP / FSDP wrap: the vocabulary projection inside the wrapped forward
+        opt = torch.optim.AdamW(scorer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
-        self.model, self.opt, self.sched = self.accelerator.prepare(model, opt, sched)
+        self.model, self.opt, self.sched = self.accelerator.prepare(scorer, opt, sched)
         if self.scaler is not None:
             self.accelerator.register_for_checkpointing(self.scaler)
-        self.engine = engine_from_config(cfg, self.accelerator.unwrap_model(self.model), self.tok,
+        rollout_model = self.policy
+        if self.fsdp and cfg.rollout_backend == "hf":  # generate() needs whole weights: a full copy, synced
+            rollout_model, _ = load_policy(cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)
+            rollout_model.requires_grad_(False).to(self.accelerator.device)
+        self.engine = engine_from_config(cfg, rollout_model, self.tok,
                                          [p.prompt for p in self.train] + [p.prompt for v in self.evals.values() for p in v])
         self.sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
                                        top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens,
@@ -121,6 +140,11 @@ class Trainer:
                           "prompt stage changes: the estimator is then not exactly unbiased (docs/method.md §2.8)",
                           stacklevel=2)
         self.metrics_path = self.out / "metrics.jsonl"
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        """The causal LM being trained (unwrapped; FSDP shards under FSDP)."""
+        return self.accelerator.unwrap_model(self.model).policy
 
     # ------------------------------------------------------------ data order
     def finished(self) -> bool:
@@ -156,7 +180,12 @@ class Trainer:
         batches: list[RolloutBatch] = []
 
         def rollout(rolled: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-            batch, rewards = self._rollout(rolled, timer)
+            batch, rewards = self._rollout(shard(rolled, self.rank, self.world), timer)
+            if self.world > 1:  # every rank gets every rank's rollouts, in the order of `rolled`
+                with timer("gather"):
+                    parts = all_gather((batch, rewards.tolist()))
+                batch = gather_rollouts([b for b, _ in parts], G)
+                rewards = torch.tensor(unshard([r for _, r in parts]), dtype=torch.float32).view(len(rolled), G)
             batches.append(batch)
             return rewards, torch.tensor([len(c) for c in batch.completion_ids]).view(len(rolled), G)
 
@@ -165,14 +194,15 @@ class Trainer:
                           scale_rewards=cfg.scale_rewards, adv_eps=cfg.adv_eps, loss_agg=cfg.loss_agg,
                           loss_normaliser=cfg.loss_normaliser, prompts_per_step=cfg.prompts_per_step,
                           more_keys=self.composer.stream.take, default_length=cfg.max_new_tokens / 2)
-        timer.times["prune"] = time.perf_counter() - t_prune - timer.times["rollout"] - timer.times["reward"]
+        timer.times["prune"] = time.perf_counter() - t_prune - sum(timer.times[k] for k in ("rollout", "reward",
+                                                                                            "gather"))
         batch = RolloutBatch.concat(batches)
         for j, k in enumerate(step.rolled):
             self.history.update(k, step.rewards[j].tolist(), step.advantages[j].abs().tolist(),
                                 step.lengths[j].tolist(), self.step)
         stats = self.update(batch, step.rows.tolist(), step.advantages.reshape(-1), step.weights, step.normaliser,
                             timer)
-        self.engine.sync_weights(self.accelerator.unwrap_model(self.model))
+        self.engine.sync_weights(self.policy)
         extra_stats = self.pruner.after_step(step.rewards, epoch)
         self.step += 1
         timer.times["step"] = time.perf_counter() - t_step
@@ -198,62 +228,81 @@ class Trainer:
                normaliser: float, timer: Timer) -> dict:
         """mu inner epochs of `num_minibatches` optimizer steps over the kept `rows`.
 
-        A minibatch holds a uniformly random n_mb of the n kept rows, and its loss uses Z n_mb / n: given
-        the masks its expectation over the split is the step's L_hat, for every aggregation (§2.6)."""
-        cfg = self.cfg
+        A minibatch holds a uniformly random 1/num_minibatches of the kept rows (of each rank's token-balanced
+        share under data parallelism), and its loss uses Z n_mb / n: given the masks its expectation over the
+        split is the step's L_hat, for every aggregation (§2.6). Each rank's loss is its share of the global
+        one; backward(W x loss) because DDP / FSDP average gradients over the W ranks (`dppo.distributed`)."""
+        cfg, W = self.cfg, self.world
         if not rows:  # everything pruned: no forward, no optimizer step
             return {"loss": 0.0, "grad_norm": 0.0, "tokens/trained": 0, "density/valid_token": 0.0,
                     "density/loss_token": 0.0, "throughput/update_tokens_per_s": 0.0}
         p_ids = [batch.prompt_ids[r] for r in rows]
         c_ids = [batch.completion_ids[r] for r in rows]
         adv, n = adv[rows], len(rows)
+        shares = balance([len(a) + len(b) for a, b in zip(p_ids, c_ids)], W)  # indices into the kept rows, per rank
         on_policy = cfg.ppo_epochs * cfg.num_minibatches == 1
         old_logp = None
         if not on_policy:  # with a single update the ratio is 1 at the update: old = current, detached
             with timer("old_logprob"):
-                old_logp = self.logprobs_no_grad(self.model, p_ids, c_ids)
+                old_logp = self.logprobs_no_grad(self.model, p_ids, c_ids, shares)
         ref_logp = None
-        if self.ref_model is not None:
+        if self.ref_model is not None:  # a full copy on every rank: no collectives, no padding
             with timer("ref_logprob"):
-                ref_logp = self.logprobs_no_grad(self.ref_model, p_ids, c_ids)
+                ref_logp = self.logprobs_no_grad(self.ref_model, p_ids, c_ids, [shares[self.rank]])
         rollout_logp = None  # truncated importance sampling against the rollout engine's log-probs
         if cfg.rollout_is_correction == "tis":
             rollout_logp = pad_completions([batch.logprobs[r] for r in rows], None, self.accelerator.device)[0]
         self.model.train()
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
+        # every rank's minibatches (the same generators on every rank), so all know the global sizes and counts
+        gens = [torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step + 104_729 * r) for r in range(W)]
         loss_sum, grad_norm_sum, sums = 0.0, 0.0, {}  # sums: diagnostic -> [sum, count] over the whole update
         n_updates, slots, valid, real = 0, 0, 0, 0  # token slots processed, completion tokens, non-pad tokens
+        ddp = W > 1 and not self.fsdp  # DDP: one gradient all-reduce per minibatch; FSDP reduce-scatters each backward
         with timer("update"):
             for _ in range(cfg.ppo_epochs):
-                perm = torch.randperm(n, generator=gen).tolist() if cfg.num_minibatches > 1 else list(range(n))
+                perms = [[shares[r][i] for i in (torch.randperm(len(shares[r]), generator=gens[r]).tolist()
+                                                 if cfg.num_minibatches > 1 else range(len(shares[r])))]
+                         for r in range(W)]
                 for mb in range(cfg.num_minibatches):
-                    mb_rows = perm[mb::cfg.num_minibatches]
-                    if not mb_rows:  # fewer kept rows than minibatches
+                    mb_rows = [perm[mb::cfg.num_minibatches] for perm in perms]  # per rank
+                    n_mb = sum(len(x) for x in mb_rows)
+                    if not n_mb:  # fewer kept rows than minibatches
                         continue
-                    mb_norm = normaliser * len(mb_rows) / n
+                    mb_norm = normaliser * n_mb / n
+                    plans = [self.micro_batches(x, c_ids, p_ids) if x else [] for x in mb_rows]
+                    micro = pad_to(plans[self.rank], max(len(x) for x in plans), [0])
                     self.opt.zero_grad(set_to_none=True)
-                    for idx in self.micro_batches(mb_rows, c_ids, p_ids):
+                    for m, (real_mb, idx) in enumerate(micro):
                         mp, mc = [p_ids[i] for i in idx], [c_ids[i] for i in idx]
-                        with self.autocast():
-                            logp, n_slots = self.score(self.model, mp, mc)
-                        mask = pad_completions([torch.ones(len(c)) for c in mc], logp.shape[1],
-                                               logp.device)[1].to(logp.dtype)
-                        old = logp.detach() if old_logp is None else old_logp[idx, : logp.shape[1]]
-                        ref = None if ref_logp is None else ref_logp[idx, : logp.shape[1]]
-                        tis = None
-                        if rollout_logp is not None:  # min(pi_old / pi_rollout, C) per token
-                            gap = (old - rollout_logp[idx, : logp.shape[1]].to(old)) * mask
-                            tis = torch.exp(gap.clamp(max=20.0)).clamp(max=cfg.rollout_is_cap) * mask
-                            for name, x in (("rollout_is/weight", tis),
-                                            ("rollout_is/capped_frac", (tis >= cfg.rollout_is_cap).to(mask) * mask),
-                                            ("rollout/logprob_abs_diff", gap.abs())):
-                                _accumulate(sums, name, float(x.sum()), float(mask.sum()))
-                        loss, st = policy_objective(
-                            logp, old, adv[idx].to(logp), mask, weights[idx].to(logp.device), mb_norm, loss_type=cfg.loss_type,
-                            agg=cfg.loss_agg, clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref,
-                            kl_coef=cfg.kl_coef, kl_bias_correction=cfg.kl_bias_correction, max_len=cfg.max_new_tokens,
-                            token_weight=tis)
-                        self.accelerator.backward(loss if self.scaler is None else self.scaler.scale(loss))
+                        sync = not ddp or m == len(micro) - 1
+                        with (nullcontext() if sync else self.accelerator.no_sync(self.model)):
+                            with self.autocast():
+                                logp, n_slots = self.score(self.model, mp, mc)
+                                mask = pad_completions([torch.ones(len(c)) for c in mc], logp.shape[1],
+                                                       logp.device)[1].to(logp.dtype)
+                                old = logp.detach() if old_logp is None else old_logp[idx, : logp.shape[1]]
+                                ref = None if ref_logp is None else ref_logp[idx, : logp.shape[1]]
+                                tis = None
+                                if rollout_logp is not None:  # min(pi_old / pi_rollout, C) per token
+                                    gap = (old - rollout_logp[idx, : logp.shape[1]].to(old)) * mask
+                                    tis = torch.exp(gap.clamp(max=20.0)).clamp(max=cfg.rollout_is_cap) * mask
+                                    if real_mb:
+                                        for name, x in (("rollout_is/weight", tis),
+                                                        ("rollout_is/capped_frac", (tis >= cfg.rollout_is_cap).to(mask) * mask),
+                                                        ("rollout/logprob_abs_diff", gap.abs())):
+                                            _accumulate(sums, name, float(x.sum()), float(mask.sum()))
+                                loss, st = policy_objective(
+                                    logp, old, adv[idx].to(logp), mask, weights[idx].to(logp.device), mb_norm,
+                                    loss_type=cfg.loss_type, agg=cfg.loss_agg, clip_low=cfg.clip_low,
+                                    clip_high=cfg.clip_high, ref_logp=ref, kl_coef=cfg.kl_coef,
+                                    kl_bias_correction=cfg.kl_bias_correction, max_len=cfg.max_new_tokens,
+                                    token_weight=tis)
+                            if not real_mb:  # a dummy: keeps this rank's collectives in step, adds nothing
+                                loss = loss * 0.0
+                            scaled = loss * W if W > 1 else loss
+                            self.accelerator.backward(scaled if self.scaler is None else self.scaler.scale(scaled))
+                        if not real_mb:
+                            continue
                         loss_sum += loss.item()
                         for name, (total, count) in st.items():
                             _accumulate(sums, name, total, count)
@@ -263,8 +312,8 @@ class Trainer:
                     if self.scaler is not None:
                         self.scaler.unscale_(self.opt)
                     if cfg.max_grad_norm > 0:
-                        grad_norm_sum += float(self.accelerator.clip_grad_norm_(self.model.parameters(),
-                                                                                cfg.max_grad_norm))
+                        norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                        grad_norm_sum += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
                     if self.scaler is not None:  # skips the step when fp16 gradients overflowed
                         self.scaler.step(self.opt)
                         self.scaler.update()
@@ -274,6 +323,13 @@ class Trainer:
                     n_updates += 1
         self.opt.zero_grad(set_to_none=True)  # gradients freed before the next rollout (vLLM wakes into that memory)
         self.model.eval()
+        if W > 1:  # every rank's share of the loss and diagnostics, added up
+            parts = all_gather((loss_sum, sums, slots, valid, real))
+            loss_sum, slots, valid, real = (sum(p[i] for p in parts) for i in (0, 2, 3, 4))
+            sums = {}
+            for _, part, *_ in parts:
+                for name, (total, count) in part.items():
+                    _accumulate(sums, name, total, count)
         n_updates = max(1, n_updates)
         return {"loss": loss_sum / n_updates, **{k: s / max(c, 1.0) for k, (s, c) in sums.items()},
                 "grad_norm": grad_norm_sum / n_updates, "tokens/trained": valid // cfg.ppo_epochs,
@@ -312,15 +368,21 @@ class Trainer:
         return torch.autocast(self.accelerator.device.type, dtype=self.compute_dtype,
                               enabled=self.compute_dtype is not None)
 
-    def logprobs_no_grad(self, model, p_ids: list[list[int]], c_ids: list[list[int]]) -> torch.Tensor:
-        """Old / reference log-probs [N, Tc_max] of the kept rows, in the update's micro-batches."""
-        out = None
+    def logprobs_no_grad(self, model, p_ids: list[list[int]], c_ids: list[list[int]],
+                         shares: list[list[int]] | None = None) -> torch.Tensor:
+        """Old / reference log-probs [N, Tc_max] of the kept rows, in the update's micro-batches: of this rank's
+        share `shares[rank]` when given (other rows stay 0), every rank running as many forwards as the busiest
+        (FSDP's all-gathers are collectives); of every row otherwise."""
+        mine = list(range(len(c_ids))) if shares is None else shares[min(self.rank, len(shares) - 1)]
+        plans = [self.micro_batches(x, c_ids, p_ids) if x else [] for x in (shares or [mine])]
+        out = torch.zeros((len(c_ids), max(len(c) for c in c_ids)), device=self.accelerator.device)
+        mine_plan = self.micro_batches(mine, c_ids, p_ids) if mine else []
         with torch.no_grad(), self.autocast():
-            for idx in self.micro_batches(list(range(len(c_ids))), c_ids, p_ids):
+            for real_mb, idx in pad_to(mine_plan, max(len(x) for x in plans), [0]):
                 lp, _ = self.score(model, [p_ids[i] for i in idx], [c_ids[i] for i in idx])
-                if out is None:
-                    out = torch.zeros((len(c_ids), max(len(c) for c in c_ids)), dtype=lp.dtype, device=lp.device)
-                out[idx, : lp.shape[1]] = lp
+                if real_mb:
+                    out = out.to(lp.dtype)
+                    out[idx, : lp.shape[1]] = lp
         return out
 
     # ------------------------------------------------------------ eval, checkpoints, loop
@@ -328,32 +390,41 @@ class Trainer:
         acc = evaluate(self.engine, self.evals, self.cfg.eval_samples, self.cfg.eval_temperature,
                        self.cfg.max_new_tokens, seed=self.cfg.seed + 17 * self.step,
                        k_per_split=self.cfg.eval_samples_per_split)
-        tqdm.write(f"[eval step {self.step}] pass@1 (%): {format_accuracy(acc)}")
+        if self.is_main:
+            tqdm.write(f"[eval step {self.step}] pass@1 (%): {format_accuracy(acc)}")
         return acc
 
     def _log(self, record: dict) -> None:
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        if self.is_main:
+            with self.metrics_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
 
     def save_checkpoint(self) -> None:
+        """accelerate's state (model, optimizer, scheduler, every rank's RNG) + the trainer's step state; only
+        the newest `keep_checkpoints` are kept. Every rank enters (FSDP gathers); the main process writes."""
         ckpt = self.out / "checkpoints" / f"step_{self.step}"
         self.accelerator.save_state(str(ckpt), safe_serialization=True)
-        state = {"step": self.step, "composer": self.composer.state_dict(), "history": self.history.state_dict(),
-                 "pruner": self.pruner.state_dict()}
-        (ckpt / "trainer_state.json").write_text(json.dumps(state))
-        done = sorted((p for p in ckpt.parent.glob("step_*") if (p / "trainer_state.json").is_file()),
-                      key=lambda p: int(p.name.split("_")[1]))
-        for old in done[: -self.cfg.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
+        if self.is_main:
+            state = {"step": self.step, "composer": self.composer.state_dict(), "history": self.history.state_dict(),
+                     "pruner": self.pruner.state_dict()}
+            (ckpt / "trainer_state.json").write_text(json.dumps(state))
+            done = sorted((p for p in ckpt.parent.glob("step_*") if (p / "trainer_state.json").is_file()),
+                          key=lambda p: int(p.name.split("_")[1]))
+            for old in done[: -self.cfg.keep_checkpoints]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
 
     def maybe_resume(self) -> bool:
         """Restore model, optimizer, scheduler, RNG and data position from the newest checkpoint;
         metrics.jsonl is cut back to that step so a resumed run's log equals an uninterrupted one."""
         done = sorted((p for p in (self.out / "checkpoints").glob("step_*") if (p / "trainer_state.json").is_file()),
                       key=lambda p: int(p.name.split("_")[1]))
+        self.accelerator.wait_for_everyone()  # every rank has listed the checkpoints before any is removed
         if not self.cfg.resume or not done:  # start over: drop what an earlier run left
-            self.metrics_path.unlink(missing_ok=True)
-            shutil.rmtree(self.out / "checkpoints", ignore_errors=True)
+            if self.is_main:
+                self.metrics_path.unlink(missing_ok=True)
+                shutil.rmtree(self.out / "checkpoints", ignore_errors=True)
+            self.accelerator.wait_for_everyone()
             return False
         self.accelerator.load_state(str(done[-1]))
         state = json.loads((done[-1] / "trainer_state.json").read_text())
@@ -361,22 +432,24 @@ class Trainer:
         self.composer.load_state_dict(state["composer"])
         self.history.load_state_dict(state["history"])
         self.pruner.load_state_dict(state["pruner"])
-        if self.metrics_path.exists():
+        if self.is_main and self.metrics_path.exists():
             keep = [ln for ln in self.metrics_path.read_text().splitlines() if json.loads(ln)["step"] <= self.step]
             self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
-        self.engine.sync_weights(self.accelerator.unwrap_model(self.model))
-        tqdm.write(f"resumed from {done[-1]} (step {self.step})")
+        self.engine.sync_weights(self.policy)
+        if self.is_main:
+            tqdm.write(f"resumed from {done[-1]} (step {self.step})")
         return True
 
     def fit(self) -> dict[str, float]:
         """Train to the end; returns the final eval accuracies."""
         cfg = self.cfg
-        cfg.save(self.out / "config.yaml")
+        if self.is_main:
+            cfg.save(self.out / "config.yaml")
         if not self.maybe_resume():
             self._log({"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().items()}})
         acc: dict[str, float] = {}
         bar = tqdm(total=self.composer.stream.limit, initial=min(self.composer.covered, self.composer.stream.limit),
-                   desc="train", unit="prompt", mininterval=10.0)
+                   desc="train", unit="prompt", mininterval=10.0, disable=not self.is_main)
         while not self.finished():
             record = self.train_step()
             last = self.finished()
@@ -391,8 +464,12 @@ class Trainer:
                             zero_std=f"{record['frac_reward_zero_std']:.2f}")
         bar.close()
         final = self.out / "final"
-        self.accelerator.unwrap_model(self.model).save_pretrained(final, safe_serialization=True)
-        self.tok.save_pretrained(final)
+        state = self.accelerator.get_state_dict(self.model)  # full weights (all-gathered under FSDP) on the main rank
+        if self.is_main:
+            self.policy.save_pretrained(final, state_dict={k.removeprefix("policy."): v for k, v in state.items()},
+                                        safe_serialization=True)
+            self.tok.save_pretrained(final)
+        self.accelerator.wait_for_everyone()
         if not acc:  # resumed at the very end: read the last eval back
             acc = {k[5:]: v for k, v in read_metrics(self.metrics_path)[-1].items() if k.startswith("eval/")}
         return acc

@@ -19,6 +19,7 @@ import random
 import numpy as np
 import torch
 
+from dppo.distributed import full_state_items, is_sharded
 from dppo.rollout import RolloutBatch, SamplingParams
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in this process
@@ -44,6 +45,11 @@ class VLLMRollout:
         kw = dict(gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
                   enable_sleep_mode=True) if self.cuda else dict(kv_cache_memory_bytes=cpu_kv_cache_bytes,
                                                                  enforce_eager=True, enable_chunked_prefill=False)
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            # one engine per training rank, on that rank's GPU, inside the launcher's process group (as TRL's
+            # colocate mode); each rank samples its own shard of the prompts, so seeds differ by rank
+            kw["distributed_executor_backend"] = "external_launcher"
+            seed += torch.distributed.get_rank()
         self.llm = vllm.LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
                             max_model_len=max_model_len or None, max_num_seqs=max_num_seqs,
                             logprobs_mode="processed_logprobs", disable_log_stats=True, **kw)
@@ -58,13 +64,23 @@ class VLLMRollout:
             self.asleep = True
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Mark the engine's weights stale; `model`'s are pushed before the next generation."""
+        """Mark the engine's weights stale; `model`'s are pushed before the next generation. FSDP shards are
+        gathered and pushed now, one tensor at a time, while every rank is in step (the all-gathers are
+        collectives; a rank may have no prompts to generate for)."""
         self.pending = model
+        if is_sharded(model):
+            self._wake()
+            self._push()
+
+    def _wake(self) -> None:
+        if self.asleep:
+            torch.cuda.empty_cache()  # return the update's cached blocks to the device before vLLM takes its share
+            self.llm.wake_up()
+            self.asleep = False
 
     def _push(self) -> None:
-        state = self.pending.state_dict()  # the tied lm_head.weight included: vLLM's loader expects it
-        self.llm.collective_rpc("reload_weights",
-                                kwargs={"weights_iterator": ((k, v.detach()) for k, v in state.items())})
+        # the tied lm_head.weight included: vLLM's loader expects it
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": full_state_items(self.pending)})
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
         self.pending = None
 
@@ -73,10 +89,7 @@ class VLLMRollout:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
-        if self.asleep:
-            torch.cuda.empty_cache()  # return the update's cached blocks to the device before vLLM takes its share
-            self.llm.wake_up()
-            self.asleep = False
+        self._wake()
         if self.pending is not None:
             self._push()
         p_ids = self.tok(prompts, add_special_tokens=False)["input_ids"]

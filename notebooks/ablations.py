@@ -23,7 +23,9 @@
 import os
 
 rates = [0.3, 0.5, 0.7]  # r_q and r_o of the T5 grid
-overrides = {}
+overrides = {}  # TrainConfig fields applied to every run (paper scale: model, data, setup)
+launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
+results_dir = ""  # root of the run folders ("" = experiments/results; the paper profile: experiments/results/paper/<study>)
 smoke = os.environ.get("DPPO_SMOKE") == "1"
 
 # %%
@@ -36,14 +38,13 @@ from dppo import report
 if smoke:
     rates = [0.5]
 out = report.figures_dir(smoke)
-layout4 = {k: (cfg, {**over, **overrides}, sub) for k, (cfg, over, sub) in report.T4_RUNS.items()}
-runs4 = report.run_layout(layout4, smoke=smoke)
+layouts = report.study_layouts("ablations", overrides=overrides, rates=rates)
+runs4 = report.run_layout(layouts["T4"], smoke=smoke, launch=launch, root=results_dir)
 t4 = report.table(runs4, "GRPO", "T4_ablations", report.SHORT_CAPTION, "T4", out)
 t4.round(3)
 
 # %%
-grid = report.t5_runs(rates)
-runs5 = report.run_layout({k: (cfg, {**over, **overrides}, sub) for k, (cfg, over, sub) in grid.items()}, smoke=smoke)
+runs5 = report.run_layout(layouts["T5"], smoke=smoke, launch=launch, root=results_dir)
 t5 = report.table(runs5, "GRPO", "T5_sensitivity", report.SHORT_CAPTION + f" Grid r_q, r_o in {rates}.", "T5", out)
 fig = report.figure_t5(t5, rates, out=out)
 t5.round(3)

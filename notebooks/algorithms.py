@@ -26,6 +26,8 @@
 import os
 
 overrides = {}  # TrainConfig fields applied to every run (e.g. paper-scale model and data)
+launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
+results_dir = ""  # root of the run folders ("" = experiments/results; the paper profile: experiments/results/paper/<study>)
 smoke = os.environ.get("DPPO_SMOKE") == "1"
 
 # %%
@@ -35,8 +37,8 @@ while not (Path.cwd() / "experiments").is_dir():
     os.chdir("..")
 from dppo import report
 
-layout = {k: (cfg, {**over, **overrides}, sub) for k, (cfg, over, sub) in report.T2_RUNS.items()}
-runs = report.run_layout(layout, smoke=smoke)
+layout = report.study_layouts("algorithms", overrides=overrides)["T2"]
+runs = report.run_layout(layout, smoke=smoke, launch=launch, root=results_dir)
 out = report.figures_dir(smoke)
 t2 = report.table_t2(runs, out)  # speed-up of X + DPPO is against X
 t2.round(3)

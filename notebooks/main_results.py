@@ -25,6 +25,8 @@ import os
 
 configs = {}  # {label: yaml} to replace the CPU-scale configs of T1 (e.g. paper scale)
 overrides = {}  # TrainConfig fields applied to every run
+launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
+results_dir = ""  # root of the run folders ("" = experiments/results; the paper profile: experiments/results/paper/<study>)
 smoke = os.environ.get("DPPO_SMOKE") == "1"
 
 # %%
@@ -34,8 +36,8 @@ while not (Path.cwd() / "experiments").is_dir():
     os.chdir("..")
 from dppo import report
 
-layout = {k: (configs.get(k, cfg), {**over, **overrides}, sub) for k, (cfg, over, sub) in report.T1_RUNS.items()}
-runs = report.run_layout(layout, smoke=smoke)
+layout = report.study_layouts("main_results", configs=configs, overrides=overrides)["T1"]
+runs = report.run_layout(layout, smoke=smoke, launch=launch, root=results_dir)
 
 # %%
 out = report.figures_dir(smoke)

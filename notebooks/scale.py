@@ -26,6 +26,8 @@ import os
 
 overrides = {}  # applied to every run (paper scale: the base model, data and setup)
 large_model = "embedded-large"  # the larger model's model_name_or_path (paper scale: hf:Qwen/Qwen3-8B)
+launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
+results_dir = ""  # root of the run folders ("" = experiments/results; the paper profile: experiments/results/paper/<study>)
 smoke = os.environ.get("DPPO_SMOKE") == "1"
 
 # %%
@@ -37,9 +39,8 @@ from dppo import report
 
 if smoke:  # the larger model takes minutes to build: smoke runs use the small one for both rows
     large_model = "embedded"
-layout = {k: (cfg, {**over, **overrides, **({"model_name_or_path": large_model} if "large" in sub else {})}, sub)
-          for k, (cfg, over, sub) in report.T3_RUNS.items()}
-runs = report.run_layout(layout, smoke=smoke)
+layout = report.study_layouts("scale", overrides=overrides, large_model=large_model)["T3"]
+runs = report.run_layout(layout, smoke=smoke, launch=launch, root=results_dir)
 out = report.figures_dir(smoke)
 t3 = report.table_t3(runs, out)
 t3.round(3)

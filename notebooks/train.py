@@ -24,6 +24,7 @@ import os
 config = "experiments/cpu/grpo.yaml"  # a YAML file of TrainConfig fields
 output_dir = "experiments/results/train/grpo"
 overrides = {}  # any TrainConfig field: value
+launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
 smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long run (tests)
 
 # %%
@@ -35,7 +36,7 @@ from dppo import report
 
 if smoke:
     output_dir = f"experiments/results/smoke/{Path(output_dir).name}"
-run_dir = report.run(config, output_dir, smoke=smoke, **overrides)
+run_dir = report.run(config, output_dir, smoke=smoke, launch=launch, **overrides)
 metrics = report.load_run(run_dir)
 summary = report.summarize(run_dir)
 print({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()})

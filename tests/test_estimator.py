@@ -64,8 +64,8 @@ def trainer(tmp_path_factory):
             p.add_(0.2 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
     real = tr.logprobs_no_grad
 
-    def perturbed_old(model, p_ids, c_ids):
-        out = real(model, p_ids, c_ids)
+    def perturbed_old(model, p_ids, c_ids, *shares):
+        out = real(model, p_ids, c_ids, *shares)
         if model is tr.model:  # a deterministic function of the row: the same for a row however it was kept
             for n, c in enumerate(c_ids):
                 out[n, :len(c)] += 0.4 * torch.cos(1.7 * torch.tensor(c, dtype=out.dtype) + len(p_ids[n]))
@@ -123,7 +123,7 @@ def _expected_and_full(tr, agg, mode, rq, ro, extra, kept_token_normaliser=False
     settings = {"loss_type": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28, "kl_bias_correction": True,
                 "scale_rewards": "group", "loss_normaliser": "covered", **extra}
     tr.cfg = dataclasses.replace(tr.cfg, loss_agg=agg, **settings)
-    prompts, comps = _rollouts(tr.model.config.vocab_size)
+    prompts, comps = _rollouts(tr.policy.config.vocab_size)
     lengths = torch.tensor([[len(c) for c in comps[k]] for k in range(B)])
     history, pruner = _history(), DPPO(prompt_rate=rq, completion_rate=ro, sampling=mode)
     keys = list(range(B))

@@ -46,7 +46,7 @@ def test_short_run_changes_every_parameter_and_improves_reward(tmp_path, embedde
     assert {f"eval/{s}" for s in ("level1", "level5", "ood", "avg")} <= set(m[0]) & set(m[-1])
     assert (tmp_path / "checkpoints" / "step_24" / "model.safetensors").is_file()
     final = load_file(str(tmp_path / "final" / "model.safetensors"))
-    assert torch.equal(final["model.norm.weight"], tr.model.model.norm.weight.detach())
+    assert torch.equal(final["model.norm.weight"], tr.policy.model.norm.weight.detach())
 
 
 def _training_metrics(path):

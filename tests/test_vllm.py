@@ -60,16 +60,16 @@ def test_weights_sync_after_an_optimizer_step(tmp_path, embedded):
                              **SMALL))
     tok = tr.tok
     stale = VLLMRollout(resolve_model_path("embedded"), tok, max_model_len=160, seed=1)
-    old = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
+    old = {k: v.detach().clone() for k, v in tr.policy.state_dict().items()}
     tr.train_step()  # rollout on vLLM, one optimizer step, sync
-    assert any(not torch.equal(v, old[k]) for k, v in tr.model.state_dict().items())
+    assert any(not torch.equal(v, old[k]) for k, v in tr.policy.state_dict().items())
     prompts = [p.prompt for p in tr.train[:4]]
     params = SamplingParams(n=4, max_new_tokens=32, logprobs=True)
     synced = tr.engine.generate(prompts, params)
-    assert _gap(tr.model, tok, synced, 1.0) <= 1e-4
+    assert _gap(tr.policy, tok, synced, 1.0) <= 1e-4
     unsynced = stale.generate(prompts, params)
-    assert _gap(tr.model, tok, unsynced, 1.0) > 1e-2
-    old_model = type(tr.model).from_pretrained(resolve_model_path("embedded")).eval()
+    assert _gap(tr.policy, tok, unsynced, 1.0) > 1e-2
+    old_model = type(tr.policy).from_pretrained(resolve_model_path("embedded")).eval()
     assert _gap(old_model, tok, unsynced, 1.0) <= 1e-4
 
 

@@ -1,0 +1,144 @@
+"""Dry run of the reproduction: every command it would run and an estimated GPU-hour budget per study.
+
+    python -m dppo.budget --profile paper [--study NAME] [--gpus 8]     (./reproduce.sh --profile paper --dry-run)
+
+The estimate is FLOPs over a stated throughput, per training run (docs/method.md §4.2):
+
+    rollout   2 N x rolled tokens                      at DECODE_MFU of the peak (memory-bound decoding)
+    update    (6 N x ppo_epochs + 2 N old + 2 N ref) x trained tokens      at TRAIN_MFU
+    eval      2 N x (problems x k x tokens) per evaluation                at DECODE_MFU
+
+with N the model's parameters, tokens = PROMPT_TOKENS + max_new_tokens / 2 per sample, and pruning's expected
+savings (prompt stage: half the prompts assumed zero-variance candidates, so r_q / 2 of them skipped; completion
+stage: r_o of the rest). Replace the assumptions by your first steps' `throughput/*` metrics for a real plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+from dppo.config import TrainConfig
+
+PEAK_FLOPS = 989e12  # H100 SXM, dense BF16 tensor-core peak (NVIDIA H100 Tensor Core GPU datasheet)
+TRAIN_MFU = 0.25  # assumed: NeMo AutoModel reports 28-44% MFU for BF16 FSDP2 training on DGX-H100 with TE kernels
+DECODE_MFU = 0.08  # assumed: batched vLLM decoding is bound by memory bandwidth, not FLOPs
+PROMPT_TOKENS = 150  # assumed mean prompt length (MATH problem + instruction + chat template)
+# records of the paper's hub datasets (so the dry run needs no download)
+DATASET_SIZES = {
+    "hf:DigitalLearningGmbH/MATH-lighteval:train": 7500, "hf:HuggingFaceH4/MATH-500:test": 500,
+    "hf:HuggingFaceH4/aime_2024:train": 30, "hf:math-ai/amc23:test": 40, "hf:math-ai/minervamath:test": 272,
+    "hf:math-ai/olympiadbench:test": 675, "hf:openai/gsm8k:test:main": 1319,
+}
+EMBEDDED_PARAMS = {"embedded": 0.8e6, "embedded-large": 1.6e6}
+STUDIES = ("main_results", "algorithms", "scale", "ablations", "gradient_variance", "packing", "case_study")
+
+
+def model_params(name: str) -> float:
+    """Parameters of a model from its name (Qwen3-4B -> 4e9); the embedded models' own sizes."""
+    if name in EMBEDDED_PARAMS:
+        return EMBEDDED_PARAMS[name]
+    m = re.search(r"(\d+(?:\.\d+)?)B\b", name)
+    if not m:
+        raise ValueError(f"cannot read a parameter count from model name {name!r} (e.g. ...-4B)")
+    return float(m.group(1)) * 1e9
+
+
+def dataset_size(source: str, limit: int | None = None, embedded_size: int = 0) -> int:
+    if source == "embedded":
+        n = embedded_size
+    elif source in DATASET_SIZES:
+        n = DATASET_SIZES[source]
+    elif Path(source).is_file() and source.endswith(".jsonl"):
+        n = sum(1 for ln in Path(source).read_text().splitlines() if ln.strip())
+    else:
+        raise ValueError(f"unknown dataset size for {source!r}: add it to dppo.budget.DATASET_SIZES")
+    return min(n, limit) if limit else n
+
+
+def run_gpu_hours(cfg: TrainConfig) -> float:
+    """Estimated GPU-hours of one training run (module docstring)."""
+    n_params = model_params(cfg.model_name_or_path.removeprefix("hf:"))
+    tokens = PROMPT_TOKENS + cfg.max_new_tokens / 2
+    prompts = dataset_size(cfg.dataset, None, cfg.train_size) * cfg.epochs
+    rolled = 1.0 - (cfg.prompt_prune_rate / 2 if cfg.pruner in ("dppo", "dppo_biased") else 0.0)
+    trained = rolled * (1.0 - cfg.completion_prune_rate)
+    samples = prompts * cfg.group_size
+    off_policy = cfg.ppo_epochs * cfg.num_minibatches > 1
+    update_flops_per_token = n_params * (6 * cfg.ppo_epochs + 2 * off_policy + 2 * (cfg.kl_coef > 0))
+    train_flops = samples * tokens * trained * update_flops_per_token
+    rollout_flops = samples * tokens * rolled * 2 * n_params
+    splits = cfg.eval_datasets or {f"level{i}": None for i in range(1, 6)} | {"ood": None}
+    per_eval = sum(dataset_size(src, cfg.eval_size) if src else cfg.eval_size
+                   for src in splits.values()) * cfg.eval_samples  # k per split where set
+    per_eval += sum((k - cfg.eval_samples) * dataset_size(splits[s], cfg.eval_size)
+                    for s, k in (cfg.eval_samples_per_split or {}).items() if splits.get(s))
+    steps = prompts / cfg.prompts_per_step
+    evals = steps // cfg.eval_every + 2
+    eval_flops = evals * per_eval * tokens * 2 * n_params
+    seconds = train_flops / (PEAK_FLOPS * TRAIN_MFU) + (rollout_flops + eval_flops) / (PEAK_FLOPS * DECODE_MFU)
+    return seconds / 3600
+
+
+def study_params(study: str, profile: str) -> dict:
+    """The study notebook's papermill parameters under `profile` (the cpu profile: the notebook defaults)."""
+    path = Path(f"experiments/paper/{study}.yaml")
+    return (yaml.safe_load(path.read_text()) or {}) if profile == "paper" and path.is_file() else {}
+
+
+def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[dict]]:
+    """(every command, in order; one budget row per study)."""
+    from dppo import report
+    from dppo.launch import train_command
+
+    commands, rows = [], []
+    for study in studies:
+        params = study_params(study, profile)
+        args = f" -f experiments/paper/{study}.yaml" if params else ""
+        commands.append(f"papermill notebooks/{study}.ipynb experiments/results/notebooks/{study}.ipynb --cwd .{args}")
+        keys = ("configs", "overrides", "large_model", "rates")
+        layouts = report.study_layouts(study, **{k: params[k] for k in keys if k in params})
+        seen, hours = set(), 0.0
+        for layout in layouts.values():
+            for cfg_path, over, sub in layout.values():
+                out = Path(params.get("results_dir") or report.RESULTS) / sub
+                if out in seen:  # runs shared between tables train once
+                    continue
+                seen.add(out)
+                cfg = TrainConfig.load(cfg_path, {**over, "output_dir": str(out)})
+                hours += run_gpu_hours(cfg)
+                if params.get("launch"):
+                    commands.append("  " + shlex.join(train_command(out / "launch.yaml", params["launch"], gpus)))
+                else:
+                    commands.append(f"  (in the notebook's process) dppo train --config {cfg_path} -> {out}")
+        rows.append({"study": study, "runs": len(seen), "gpu_hours": hours, "hours_on_gpus": hours / gpus})
+    return commands, rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dppo.budget", description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", choices=("cpu", "paper"), default="paper")
+    parser.add_argument("--study", choices=STUDIES, action="append", help="one study (repeatable; default all)")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs of the machine (wall-clock column)")
+    args = parser.parse_args(argv)
+    commands, rows = plan(args.study or list(STUDIES), args.profile, args.gpus)
+    print("# commands")
+    print("\n".join(commands))
+    print(f"\n# estimated budget ({args.profile} profile; H100 bf16 peak {PEAK_FLOPS / 1e12:.0f} TFLOP/s at "
+          f"{TRAIN_MFU:.0%} MFU for updates, {DECODE_MFU:.0%} for decoding; dppo.budget states the assumptions)")
+    print(f"| study | training runs | GPU-hours | hours on {args.gpus} GPUs |")
+    print("|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['study']} | {r['runs']} | {r['gpu_hours']:,.0f} | {r['hours_on_gpus']:,.1f} |")
+    total = sum(r["gpu_hours"] for r in rows)
+    print(f"| **total** | {sum(r['runs'] for r in rows)} | {total:,.0f} | {total / args.gpus:,.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

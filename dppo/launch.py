@@ -1,0 +1,60 @@
+"""One training run as its own `accelerate launch` process over the local GPUs (docs/method.md §4.1).
+
+The paper profile's notebooks train this way (papermill parameter `launch`): the notebook writes the run's
+config, starts `accelerate launch --config_file <accelerate yaml> --num_processes N -m dppo.cli train --config
+<run>/launch.yaml`, waits, and reads the run folder back. `launch` is a mapping:
+
+    accelerate_config: experiments/accelerate/fsdp.yaml   # DDP or FSDP (experiments/accelerate/)
+    num_processes: 0                                      # 0 = every local GPU (torch.cuda.device_count())
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from dppo.config import ConfigError, TrainConfig
+
+LAUNCH_FIELDS = ("accelerate_config", "num_processes")
+
+
+def check_launch(launch: dict) -> dict:
+    """`launch` with its defaults, or a one-line ConfigError naming the bad key."""
+    if not isinstance(launch, dict):
+        raise ConfigError(f"parameter 'launch' must be a mapping with keys {list(LAUNCH_FIELDS)}, got {launch!r}")
+    unknown = sorted(set(launch) - set(LAUNCH_FIELDS))
+    if unknown:
+        raise ConfigError(f"parameter 'launch' has unknown key(s) {unknown}; allowed: {list(LAUNCH_FIELDS)}")
+    out = {"accelerate_config": "experiments/accelerate/ddp.yaml", "num_processes": 0, **launch}
+    if not Path(out["accelerate_config"]).is_file():
+        raise ConfigError(f"parameter 'launch.accelerate_config': file {out['accelerate_config']!r} not found")
+    if not isinstance(out["num_processes"], int) or out["num_processes"] < 0:
+        raise ConfigError(f"parameter 'launch.num_processes' must be an integer >= 0, got {out['num_processes']!r}")
+    return out
+
+
+def local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def train_command(run_config: str | Path, launch: dict, num_gpus: int | None = None) -> list[str]:
+    """argv of `accelerate launch ... -m dppo.cli train --config run_config` (num_processes 0 -> `num_gpus`, by
+    default every local GPU)."""
+    launch = check_launch(launch)
+    n = launch["num_processes"] or (local_gpus() if num_gpus is None else num_gpus) or 1
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(launch["accelerate_config"]),
+            "--num_processes", str(n), "-m", "dppo.cli", "train", "--config", str(run_config)]
+
+
+def launch_run(cfg: TrainConfig, launch: dict) -> None:
+    """Write `cfg` to <output_dir>/launch.yaml and train it in its own launched process group; waits."""
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save(out / "launch.yaml")
+    cmd = train_command(out / "launch.yaml", launch)
+    print("[launch]", shlex.join(cmd), flush=True)
+    subprocess.run(cmd, check=True)

@@ -1,0 +1,100 @@
+"""Data parallelism with real processes (torchrun, gloo on CPU; docs/method.md §4.1).
+
+On CPU `accelerate launch` starts one process (its multi-process launcher is for accelerators), so these tests
+start the ranks with torchrun, which is what `accelerate launch` runs on GPUs; the Accelerator inside the trainer
+finds the process group the same way. accelerate 1.15 maps FSDP only onto accelerator devices (a FSDP config on
+CPU runs DDP), so the FSDP path is exercised with torch's own `fully_shard` on gloo (`test_fsdp_*`).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from dppo.trainer import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "dist_worker.py"
+
+
+def _torchrun(n: int, *args: str, timeout: int = 600) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), *args]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+
+
+ONE_STEP = dict(train_size=10, eval_size=2, prompts_per_step=5, group_size=4, max_new_tokens=32, lr=3e-4,
+                warmup_steps=0, pruner="dppo", completion_prune_rate=0.5, kl_coef=0.05, ppo_epochs=2,
+                packing="dense", pack_capacity=96, micro_batch_tokens=128, algorithm="dapo")
+
+
+def test_two_processes_make_the_same_step_as_one(tmp_path, embedded):
+    """Same fixed rollouts, same masks: 2 ranks (each scoring its token-balanced share, old / reference passes
+    included, gradients all-reduced) end the step with the parameters of 1 process."""
+    args = [f"{k}={v}" for k, v in ONE_STEP.items()]
+    for n in (1, 2):
+        (tmp_path / str(n)).mkdir()
+        _torchrun(n, str(WORKER), "one_step", str(tmp_path / str(n)), *args)
+    one, two = (load_file(str(tmp_path / str(n) / "params.safetensors")) for n in (1, 2))
+    initial = embedded[0].state_dict()
+    moved = max(float((one[k] - initial[k]).abs().max()) for k in one)
+    diff = max(float((one[k] - two[k]).abs().max()) for k in one)
+    print(f"max |param| change {moved:.2e}; 1 vs 2 processes max |diff| {diff:.2e}")
+    assert moved > 1e-4  # the step moved the weights (two Adam updates at lr 3e-4)
+    assert diff <= 1e-5
+    r1, r2 = (yaml.safe_load((tmp_path / str(n) / "record.yaml").read_text()) for n in (1, 2))
+    for key in ("reward", "kept/completion_frac", "loss/normaliser", "tokens/trained", "tokens/generated"):
+        assert r1[key] == r2[key], key
+    for key in ("loss", "grad_norm", "approx_kl", "kl", "clip_frac/region"):
+        assert r1[key] == pytest.approx(r2[key], rel=1e-4, abs=1e-7), key
+
+
+RUN = dict(train_size=24, epochs=100, eval_size=4, eval_samples=1, prompts_per_step=6, group_size=4,
+           max_new_tokens=32, warmup_steps=1, lr=2e-4, pruner="dppo", prompt_prune_rate=0.5,
+           completion_prune_rate=0.5, save_every=2, eval_every=5, keep_checkpoints=2)
+
+
+def _train(tmp_path: Path, name: str, **over) -> Path:
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump({**RUN, "output_dir": str(tmp_path / name), **over}))
+    _torchrun(2, "-m", "dppo.cli", "train", "--config", str(cfg))
+    return tmp_path / name
+
+
+def _training(path: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "throughput/", "eval/"))}
+            for r in read_metrics(path / "metrics.jsonl")]
+
+
+def test_two_process_run_logs_once_and_resumes_like_an_uninterrupted_run(tmp_path, embedded):
+    full = _train(tmp_path, "full", max_steps=5)
+    assert [r["step"] for r in read_metrics(full / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]  # one line per step
+    assert sorted(p.name for p in (full / "checkpoints").iterdir()) == ["step_4", "step_5"]  # keep_checkpoints 2
+    assert (full / "final" / "model.safetensors").is_file()
+    m = read_metrics(full / "metrics.jsonl")
+    assert any(r.get("kept/prompt_frac", 1.0) < 1.0 for r in m[1:]), "the prompt stage never pruned"
+    cut = _train(tmp_path, "cut", max_steps=3)  # stops after step 3 (checkpoint step_3) ...
+    _train(tmp_path, "cut", max_steps=5)  # ... and resumes from it
+    assert [r["step"] for r in read_metrics(cut / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]
+    assert _training(cut) == _training(full)
+    a, b = (load_file(str(d / "final" / "model.safetensors")) for d in (full, cut))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fsdp_sharded_scoring_gradients_and_weight_gather(tmp_path, embedded):
+    """FSDP2 shards of TokenLogprobs (the module the trainer hands accelerate): the vocabulary projection inside
+    the wrapped forward gives the unsharded gradient (loss x W, averaged reduce-scatter), and the rollout engine's
+    full copy is refreshed from the gathered shards."""
+    _torchrun(2, str(WORKER), "fsdp", str(tmp_path))
+    ranks = yaml.safe_load((tmp_path / "fsdp.yaml").read_text())["ranks"]
+    assert len(ranks) == 2
+    for rank, sharded, grad_diff, weight_diff, ref_diff in ranks:
+        assert sharded
+        assert grad_diff <= 1e-5, (rank, grad_diff)
+        assert weight_diff == 0.0 and ref_diff == 0.0, (rank, weight_diff, ref_diff)

@@ -1,0 +1,87 @@
+"""The paper profile can finish: `./reproduce.sh --profile paper --dry-run` prints every command (each training run
+its own `accelerate launch`) and a GPU-hour budget per study; short studies are short; two checkpoints kept."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dppo import budget, report
+from dppo.config import ConfigError, TrainConfig
+from dppo.launch import check_launch, train_command
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def dry_run() -> str:
+    done = subprocess.run(["bash", "reproduce.sh", "--profile", "paper", "--dry-run"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def _paper_runs(study: str) -> dict[str, TrainConfig]:
+    params = budget.study_params(study, "paper")
+    runs = {}
+    for layout in report.study_layouts(study, **{k: params[k] for k in ("configs", "overrides", "large_model", "rates")
+                                                 if k in params}).values():
+        for cfg, over, sub in layout.values():
+            out = Path(params["results_dir"]) / sub
+            runs[str(out)] = TrainConfig.load(cfg, {**over, "output_dir": str(out)})
+    return runs
+
+
+def test_dry_run_prints_a_launch_per_run_and_a_budget_per_study(dry_run):
+    for study in ("main_results", "algorithms", "scale", "ablations"):
+        runs = _paper_runs(study)
+        assert f"papermill notebooks/{study}.ipynb" in dry_run
+        for out in runs:  # each run: accelerate launch over the FSDP config, config written into its folder
+            line = next(ln for ln in dry_run.splitlines() if f"{out}/launch.yaml" in ln)
+            assert "accelerate.commands.launch --config_file experiments/accelerate/fsdp.yaml" in line
+        row = next(ln for ln in dry_run.splitlines() if ln.startswith(f"| {study} |"))
+        n_runs, gpu_hours = row.split("|")[2:4]
+        assert int(n_runs) == len(runs) and float(gpu_hours.replace(",", "")) > 0
+    assert "| **total** |" in dry_run
+
+
+def test_paper_runs_keep_two_checkpoints_short_studies_are_short_and_folders_do_not_collide():
+    seen: dict[str, dict] = {}
+    for study in ("main_results", "algorithms", "scale", "ablations"):
+        for out, cfg in _paper_runs(study).items():
+            assert cfg.keep_checkpoints == 2, out
+            assert cfg.model_name_or_path.startswith("hf:Qwen/Qwen3-")
+            if study == "ablations":
+                assert cfg.epochs <= 3, out
+            assert out not in seen or seen[out] == cfg.to_dict(), f"{out}: two different runs in one folder"
+            seen[out] = cfg.to_dict()
+    ablation = budget.run_gpu_hours(next(iter(_paper_runs("ablations").values())))
+    full = budget.run_gpu_hours(next(iter(_paper_runs("main_results").values())))
+    assert ablation < full / 3
+
+
+def test_budget_scales_with_model_size_pruning_and_epochs():
+    base = TrainConfig.load(ROOT / "experiments/paper/grpo_qwen3_4b_math.yaml")
+    hours = budget.run_gpu_hours(base)
+    assert budget.run_gpu_hours(TrainConfig.load(ROOT / "experiments/paper/grpo_qwen3_8b_math.yaml")) == \
+        pytest.approx(hours * 8 / 4, rel=1e-9)
+    assert budget.run_gpu_hours(TrainConfig.load(ROOT / "experiments/paper/dppo_qwen3_4b_math.yaml")) < hours
+    assert budget.run_gpu_hours(TrainConfig.from_dict({**base.to_dict(), "epochs": 3})) < hours / 4
+
+
+def test_launch_command_and_bad_launch_settings():
+    cmd = train_command("run/launch.yaml", {"accelerate_config": "experiments/accelerate/ddp.yaml"}, num_gpus=4)
+    assert cmd[1:] == ["-m", "accelerate.commands.launch", "--config_file", "experiments/accelerate/ddp.yaml",
+                       "--num_processes", "4", "-m", "dppo.cli", "train", "--config", "run/launch.yaml"]
+    with pytest.raises(ConfigError, match="launch.accelerate_config"):
+        check_launch({"accelerate_config": "missing.yaml"})
+    with pytest.raises(ConfigError, match="unknown key"):
+        check_launch({"gpus": 8})
+    for name in ("ddp", "fsdp"):  # the shipped accelerate configs are what accelerate reads
+        from accelerate.commands.config.config_args import load_config_from_file
+
+        cfg = load_config_from_file(str(ROOT / f"experiments/accelerate/{name}.yaml"))
+        assert str(cfg.distributed_type).endswith("MULTI_GPU" if name == "ddp" else "FSDP")
+    fsdp = yaml.safe_load((ROOT / "experiments/accelerate/fsdp.yaml").read_text())["fsdp_config"]
+    assert fsdp["fsdp_version"] == 2 and fsdp["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
