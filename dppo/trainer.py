@@ -96,12 +96,13 @@ class Trainer:
                               f"{self.world} processes (one vLLM engine per rank), got {cfg.vllm_tensor_parallel_size}")
         random.seed(cfg.seed + self.rank)  # rollout sampling: each rank its own stream (rank 0 = one process)
         torch.manual_seed(cfg.seed + self.rank)
-        self.train, self.evals = load_data(cfg)
+        with self.accelerator.main_process_first():  # downloads and the embedded model's first build: once
+            self.train, self.evals = load_data(cfg)
+            policy, self.tok = load_policy(cfg.model_name_or_path, "float32", cfg.attn_implementation)
         # mixed precision the standard way: fp32 master weights and optimizer state, `dtype` compute under
         # torch.autocast (per trainer, so runs of different dtypes can share a process), fp16 with a grad scaler
         self.compute_dtype = COMPUTE_DTYPES[cfg.dtype]
         self.scaler = torch.amp.GradScaler("cuda") if cfg.dtype == "float16" else None
-        policy, self.tok = load_policy(cfg.model_name_or_path, "float32", cfg.attn_implementation)
         if cfg.gradient_checkpointing:  # transformers >= 5.2x: activation_checkpointing_enable (the old name warns)
             if hasattr(policy, "activation_checkpointing_enable"):
                 policy.activation_checkpointing_enable({"use_reentrant": False})
