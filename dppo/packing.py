@@ -1,4 +1,4 @@
-"""Padding-free packed scoring (docs/method.md §3.2).
+"""Padding-free packed scoring (docs/method.md §3.2), and shared-prompt rows (§3.3).
 
 Kept (prompt, completion) sequences are packed into rows of at most `capacity` tokens by
 best-fit-decreasing; position ids restart at 0 for every sequence and no attention mask is passed,
@@ -94,4 +94,80 @@ def packed_completion_logprobs(model, prompt_ids: list[list[int]], completion_id
     rows, cols, out_n, out_t = (torch.cat(x).to(device) for x in (rows, cols, out_n, out_t))
     logp = scorer(ids, rows, cols, temperature, position_ids=pos)  # one decoder forward over the packed rows
     return scatter_completions(logp, out_n, out_t, len(lengths), max(len(c) for c in completion_ids)), \
+        len(bins) * width
+
+
+def group_segments(groups: list[int]) -> list[list[int]]:
+    """Sequence indices grouped by their group id (the prompt they answer), in order of first appearance."""
+    out: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        out.setdefault(g, []).append(i)
+    return list(out.values())
+
+
+def shared_prompt_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], groups: list[int],
+                           pad_id: int, temperature: float, capacity: int) -> tuple[torch.Tensor, int]:
+    """(logp [N, Tc] of each completion token in the input order, token slots processed), each group's prompt
+    computed once (docs/method.md §3.3).
+
+    A group (the kept completions of one prompt; `groups[i]` names sequence i's) becomes one segment
+    [prompt, o_1, ..., o_k]; segments are packed into rows of <= `capacity` tokens by best-fit-decreasing. Position
+    ids of o_j continue from the prompt (P, P+1, ...), and a 4-D mask lets token a see token b iff they share a
+    segment, b is not after a, and b is a prompt token or in a's completion: the same logits as scoring each
+    (prompt, o_j) alone. The log-prob of o_j's first token is read at the prompt's last position (shared by the
+    group); of token t >= 1 at o_j's token t - 1. sdpa gets a boolean mask, eager an additive one; flash-attn's
+    varlen kernel cannot express a shared prefix (it would need a prefix-sharing / cascade kernel), so
+    `flash_attention_2` is refused."""
+    scorer = as_scorer(model)
+    policy = getattr(scorer, "module", scorer).policy
+    attn = getattr(policy.config, "_attn_implementation", "sdpa") or "sdpa"
+    if attn.startswith("flash_attention"):
+        raise ValueError("packing 'shared' needs attn_implementation sdpa or eager (flash-attn's varlen kernel "
+                         "cannot share a prompt between sequences)")
+    segments = group_segments(groups)
+    seg_len = [len(prompt_ids[seg[0]]) + sum(len(completion_ids[i]) for i in seg) for seg in segments]
+    bins = pack_rows(seg_len, capacity)
+    width = max(sum(seg_len[s] for s in b) for b in bins)
+    ids = torch.full((len(bins), width), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(bins), width), dtype=torch.long)
+    seg_of = torch.full((len(bins), width), -1, dtype=torch.long)  # segment of each slot (-1: padding)
+    part = torch.full((len(bins), width), -2, dtype=torch.long)  # -1 prompt, j completion j, -2 padding
+    rows, cols, targets, out_n, out_t = [], [], [], [], []
+    for r, b in enumerate(bins):
+        off = 0
+        for s in b:
+            seg = segments[s]
+            prompt = prompt_ids[seg[0]]
+            p = len(prompt)
+            ids[r, off: off + p] = torch.tensor(prompt)
+            pos[r, off: off + p] = torch.arange(p)
+            seg_of[r, off: off + p], part[r, off: off + p] = s, -1
+            start = off + p
+            for j, i in enumerate(seg):
+                c = len(completion_ids[i])
+                ids[r, start: start + c] = torch.tensor(completion_ids[i])
+                pos[r, start: start + c] = torch.arange(p, p + c)
+                seg_of[r, start: start + c], part[r, start: start + c] = s, j
+                t = torch.arange(c)
+                rows.append(torch.full((c,), r))
+                cols.append(torch.where(t == 0, off + p - 1, start + t - 1))  # the position that predicts token t
+                targets.append(torch.tensor(completion_ids[i]))
+                out_n.append(torch.full((c,), i))
+                out_t.append(t)
+                start += c
+            off = start
+        pos[r, off:] = torch.arange(width - off)
+    idx = torch.arange(width)
+    causal = idx[None, :] <= idx[:, None]  # [W, W]: key b not after query a
+    same = seg_of[:, :, None] == seg_of[:, None, :]  # [R, W, W]
+    visible = (part[:, None, :] == -1) | (part[:, None, :] == part[:, :, None])
+    mask = (same & causal & visible) | torch.eye(width, dtype=torch.bool)  # padding sees itself: no empty rows
+    device = model_device(model)
+    mask = mask[:, None].to(device)
+    if attn == "eager":  # additive
+        mask = torch.zeros(mask.shape, device=device).masked_fill_(~mask, torch.finfo(torch.float32).min)
+    rows, cols, targets, out_n, out_t = (torch.cat(x).to(device) for x in (rows, cols, targets, out_n, out_t))
+    logp = scorer(ids.to(device), rows, cols, temperature, attention_mask=mask, position_ids=pos.to(device),
+                  targets=targets)
+    return scatter_completions(logp, out_n, out_t, len(completion_ids), max(len(c) for c in completion_ids)), \
         len(bins) * width

@@ -137,11 +137,15 @@ class TokenLogprobs(torch.nn.Module):
         self._no_split_modules = getattr(policy, "_no_split_modules", None)  # FSDP auto-wrap: the decoder layers
 
     def forward(self, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, temperature: float,
-                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                targets: torch.Tensor | None = None) -> torch.Tensor:
+        """`targets` [M] default to the next token, input_ids[rows, cols + 1]; a shared-prompt row
+        (`packing.shared_prompt_logprobs`) names them, since every completion's first token follows the prompt."""
         decoder, weight = decoder_and_head(self.policy)
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False).last_hidden_state  # [R, T, H]
-        return selective_logprobs(hidden[rows, cols], weight, input_ids[rows, cols + 1], temperature)
+        targets = input_ids[rows, cols + 1] if targets is None else targets
+        return selective_logprobs(hidden[rows, cols], weight, targets, temperature)
 
 
 def as_scorer(model: torch.nn.Module) -> torch.nn.Module:

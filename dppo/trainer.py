@@ -33,7 +33,7 @@ from dppo.evaluation import evaluate, format_accuracy
 from dppo.history import PromptHistory
 from dppo.losses import policy_objective, zero_std_groups
 from dppo.model import load_policy
-from dppo.packing import pack_rows, packed_completion_logprobs
+from dppo.packing import group_segments, pack_rows, packed_completion_logprobs, shared_prompt_logprobs
 from dppo.pruning import build_pruner, prune_step
 from dppo.reward import math_reward
 from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config
@@ -240,7 +240,8 @@ class Trainer:
         p_ids = [batch.prompt_ids[r] for r in rows]
         c_ids = [batch.completion_ids[r] for r in rows]
         adv, n = adv[rows], len(rows)
-        shares = balance([len(a) + len(b) for a, b in zip(p_ids, c_ids)], W)  # indices into the kept rows, per rank
+        self.groups = [r // cfg.group_size for r in rows]  # the prompt each kept row answers (shared packing)
+        shares = self.shares(p_ids, c_ids, W)  # indices into the kept rows, per rank
         on_policy = cfg.ppo_epochs * cfg.num_minibatches == 1
         old_logp = None
         if not on_policy:  # with a single update the ratio is 1 at the update: old = current, detached
@@ -278,7 +279,7 @@ class Trainer:
                         sync = not ddp or m == len(micro) - 1
                         with (nullcontext() if sync else self.accelerator.no_sync(self.model)):
                             with self.autocast():
-                                logp, n_slots = self.score(self.model, mp, mc)
+                                logp, n_slots = self.score(self.model, mp, mc, [self.groups[i] for i in idx])
                                 mask = pad_completions([torch.ones(len(c)) for c in mc], logp.shape[1],
                                                        logp.device)[1].to(logp.dtype)
                                 old = logp.detach() if old_logp is None else old_logp[idx, : logp.shape[1]]
@@ -309,7 +310,9 @@ class Trainer:
                             _accumulate(sums, name, total, count)
                         slots += n_slots
                         valid += sum(len(b) for b in mc)
-                        real += sum(len(a) + len(b) for a, b in zip(mp, mc))
+                        prompts = [mp[seg[0]] for seg in group_segments([self.groups[i] for i in idx])] \
+                            if cfg.packing == "shared" else mp  # the prompt tokens actually computed
+                        real += sum(len(b) for b in mc) + sum(len(a) for a in prompts)
                     if self.scaler is not None:
                         self.scaler.unscale_(self.opt)
                     if cfg.max_grad_norm > 0:
@@ -337,27 +340,47 @@ class Trainer:
                 "density/valid_token": real / max(1, slots), "density/loss_token": valid / max(1, slots),
                 "throughput/update_tokens_per_s": valid / max(1e-9, timer.times["update"])}
 
+    def shares(self, p_ids: list[list[int]], c_ids: list[list[int]], world: int) -> list[list[int]]:
+        """The kept rows split over `world` ranks by tokens (`distributed.balance`); with shared packing whole
+        groups, so a prompt is computed on one rank."""
+        if self.cfg.packing != "shared":
+            return balance([len(a) + len(b) for a, b in zip(p_ids, c_ids)], world)
+        segs = group_segments(self.groups)
+        split = balance([len(p_ids[s[0]]) + sum(len(c_ids[i]) for i in s) for s in segs], world)
+        return [sorted(i for k in share for i in segs[k]) for share in split]
+
     def micro_batches(self, rows: list[int], c_ids: list[list[int]], p_ids: list[list[int]]) -> list[list[int]]:
         """Padded: `micro_batch_size` rows each. Dense: the rows packed into bins of <= pack_capacity tokens
         (over the whole minibatch, so only its last bins are part-full), whole bins grouped into
-        micro-batches of <= micro_batch_tokens tokens."""
+        micro-batches of <= micro_batch_tokens tokens. Shared: the same, with each group's rows (its prompt once
+        + their completions) as one item."""
         cfg = self.cfg
         if cfg.packing == "none":
             return [rows[s: s + cfg.micro_batch_size] for s in range(0, len(rows), cfg.micro_batch_size)]
-        lengths = [len(p_ids[i]) + len(c_ids[i]) for i in rows]
+        if cfg.packing == "shared":
+            items = [[rows[j] for j in seg] for seg in group_segments([self.groups[i] for i in rows])]
+            lengths = [len(p_ids[it[0]]) + sum(len(c_ids[i]) for i in it) for it in items]
+        else:
+            items = [[i] for i in rows]
+            lengths = [len(p_ids[i]) + len(c_ids[i]) for i in rows]
         out, cur, tokens = [], [], 0
         for b in pack_rows(lengths, cfg.pack_capacity):
             n = sum(lengths[j] for j in b)
             if cur and tokens + n > cfg.micro_batch_tokens:
                 out.append(cur)
                 cur, tokens = [], 0
-            cur += [rows[j] for j in b]
+            cur += [i for j in b for i in items[j]]
             tokens += n
         return out + ([cur] if cur else [])
 
-    def score(self, model, p_ids: list[list[int]], c_ids: list[list[int]]) -> tuple[torch.Tensor, int]:
-        """(logp [n, Tc], token slots processed) of one micro-batch, padded or densely packed."""
+    def score(self, model, p_ids: list[list[int]], c_ids: list[list[int]], groups: list[int] | None = None
+              ) -> tuple[torch.Tensor, int]:
+        """(logp [n, Tc], token slots processed) of one micro-batch, padded, densely packed or with shared prompts
+        (`groups`: the group of each row)."""
         cfg = self.cfg
+        if cfg.packing == "shared":
+            return shared_prompt_logprobs(model, p_ids, c_ids, groups, self.tok.pad_token_id, cfg.temperature,
+                                          cfg.pack_capacity)
         if cfg.packing == "dense":
             return packed_completion_logprobs(model, p_ids, c_ids, self.tok.pad_token_id, cfg.temperature,
                                               cfg.pack_capacity)
@@ -380,7 +403,8 @@ class Trainer:
         mine_plan = self.micro_batches(mine, c_ids, p_ids) if mine else []
         with torch.no_grad(), self.autocast():
             for real_mb, idx in pad_to(mine_plan, max(len(x) for x in plans), [0]):
-                lp, _ = self.score(model, [p_ids[i] for i in idx], [c_ids[i] for i in idx])
+                lp, _ = self.score(model, [p_ids[i] for i in idx], [c_ids[i] for i in idx],
+                                   [self.groups[i] for i in idx])
                 if real_mb:
                     out = out.to(lp.dtype)
                     out[idx, : lp.shape[1]] = lp

@@ -115,6 +115,7 @@ CASES = [  # (loss_agg, sampling, r_q, r_o, extra config)
     ("seq-mean-token-sum-norm", "bernoulli", 0.5, 0.5, {"scale_rewards": "none", "kl_bias_correction": False}),
     ("token-mean", "bernoulli", 0.0, 0.7, {"scale_rewards": "batch"}),  # batch std: exact without prompt pruning
     ("seq-mean-token-mean", "bernoulli", 0.3, 0.7, {"kl_coef": 0.0}),
+    ("token-mean", "bernoulli", 0.5, 0.5, {"packing": "shared", "pack_capacity": 64}),  # shared-prompt rows
 ]
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dppo.packing import best_fit_decreasing, packed_completion_logprobs
+from dppo.packing import best_fit_decreasing, packed_completion_logprobs, shared_prompt_logprobs
 from dppo.scoring import completion_logprobs
 
 
@@ -61,5 +61,57 @@ def test_packed_equals_padded_logprobs_and_gradients(embedded, which, attn):
             grads.append(torch.cat([q.grad.reshape(-1) for q in model.parameters() if q.grad is not None]))
         model.zero_grad(set_to_none=True)
         assert ((grads[0] - grads[1]).norm() / grads[0].norm()).item() <= 1e-5
+    finally:
+        model.config._attn_implementation = "sdpa"
+
+
+def _groups(vocab, gen, n_groups=6, max_kept=5):
+    """Rows of several prompts, 1..max_kept kept completions each (as after completion pruning), shuffled."""
+    p, c, g = [], [], []
+    for k in range(n_groups):
+        prompt = torch.randint(3, vocab, (int(torch.randint(3, 30, (1,), generator=gen)),), generator=gen).tolist()
+        for _ in range(1 + k % max_kept):  # 1, 2, ... kept completions
+            p.append(prompt)
+            c.append(torch.randint(3, vocab, (int(torch.randint(1, 40, (1,), generator=gen)),), generator=gen).tolist())
+            g.append(k)
+    perm = torch.randperm(len(p), generator=gen).tolist()
+    return [p[i] for i in perm], [c[i] for i in perm], [g[i] for i in perm]
+
+
+@pytest.mark.parametrize("which", ["embedded", "random_larger"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_shared_prompt_rows_equal_padded_logprobs_and_gradients(embedded, which, attn):
+    """Each group's prompt once, its completions attending to it (docs/method.md §3.3): the padded path's
+    log-probs and gradients, in fewer token slots than dense packing."""
+    model = embedded[0] if which == "embedded" else _larger_qwen3()
+    model.config._attn_implementation = attn
+    gen = torch.Generator().manual_seed(2)
+    p, c, g = _groups(model.config.vocab_size, gen)
+    w = torch.rand(len(p), generator=gen)
+    try:
+        results = []
+        for fn in (lambda: (completion_logprobs(model, p, c, 0, 0.8), 0),
+                   lambda: packed_completion_logprobs(model, p, c, 0, 0.8, capacity=128),
+                   lambda: shared_prompt_logprobs(model, p, c, g, 0, 0.8, capacity=128)):
+            model.zero_grad(set_to_none=True)
+            logp, slots = fn()
+            (logp.sum(1) * w).sum().backward()
+            results.append((logp.detach(), slots, torch.cat([q.grad.reshape(-1) for q in model.parameters()])))
+        (padded, _, g_pad), (_, dense_slots, _), (shared, shared_slots, g_shared) = results
+        assert (shared - padded).abs().max().item() <= 1e-5
+        assert ((g_shared - g_pad).norm() / g_pad.norm()).item() <= 1e-5
+        assert shared_slots < dense_slots  # the prompts are computed once per group
+        assert shared_slots >= sum(len(x) for x in c) + sum(len(p[g.index(k)]) for k in set(g))
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.config._attn_implementation = "sdpa"
+
+
+def test_shared_prompt_layout_refuses_flash_attention(embedded):
+    model = embedded[0]
+    model.config._attn_implementation = "flash_attention_2"
+    try:
+        with pytest.raises(ValueError, match="packing 'shared' needs attn_implementation sdpa or eager"):
+            shared_prompt_logprobs(model, [[5, 6]], [[7]], [0], 0, 1.0, 64)
     finally:
         model.config._attn_implementation = "sdpa"

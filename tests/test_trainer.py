@@ -130,17 +130,22 @@ def test_pruned_work_is_never_computed(tmp_path, embedded):
     assert all(r["weights/max"] >= 1 for r in m) and any(r["weights/max"] > 1 for r in m)
 
 
-def test_dense_packing_trains_like_padding_with_denser_batches(tmp_path, embedded):
+def test_dense_and_shared_prompt_packing_train_like_padding_with_denser_batches(tmp_path, embedded):
     common = dict(lr=2e-4, max_steps=2, eval_every=1000, save_every=1000, pruner="dppo", prompt_prune_rate=0.5,
                   completion_prune_rate=0.5, kl_coef=0.05, ppo_epochs=2, num_minibatches=2, **SMALL)
     Trainer(TrainConfig(output_dir=str(tmp_path / "pad"), **common)).fit()
-    Trainer(TrainConfig(output_dir=str(tmp_path / "pack"), packing="dense", pack_capacity=256,
-                        micro_batch_tokens=1024, **common)).fit()
-    pad, pack = read_metrics(tmp_path / "pad" / "metrics.jsonl")[1:], read_metrics(tmp_path / "pack" / "metrics.jsonl")[1:]
-    assert pad[0]["reward"] == pack[0]["reward"] and pad[0]["tokens/trained"] == pack[0]["tokens/trained"]
-    for key in ("loss", "kl", "grad_norm"):
-        assert pack[0][key] == pytest.approx(pad[0][key], rel=1e-4, abs=1e-7), key
-    assert all(b["density/valid_token"] > a["density/valid_token"] for a, b in zip(pad, pack))
+    for layout in ("dense", "shared"):
+        Trainer(TrainConfig(output_dir=str(tmp_path / layout), packing=layout, pack_capacity=256,
+                            micro_batch_tokens=1024, **common)).fit()
+    pad = read_metrics(tmp_path / "pad" / "metrics.jsonl")[1:]
+    for layout in ("dense", "shared"):
+        pack = read_metrics(tmp_path / layout / "metrics.jsonl")[1:]
+        assert pad[0]["reward"] == pack[0]["reward"] and pad[0]["tokens/trained"] == pack[0]["tokens/trained"]
+        for key in ("loss", "kl", "grad_norm"):
+            assert pack[0][key] == pytest.approx(pad[0][key], rel=1e-4, abs=1e-7), (layout, key)
+        assert all(b["density/valid_token"] > a["density/valid_token"] for a, b in zip(pad, pack))
+    dense, shared = (read_metrics(tmp_path / x / "metrics.jsonl")[1:] for x in ("dense", "shared"))
+    assert shared[0]["density/loss_token"] > dense[0]["density/loss_token"]  # each prompt once per group
 
 
 @pytest.mark.parametrize("pruner", ["cppo", "dapo_filter"])
