@@ -3,7 +3,11 @@ by itself except `run`, which is `dppo train` with a smoke switch and a skip for
 
 Wall-clock is the sum of `timing_s/step` (training steps; evaluation excluded), so runs compare on the
 work they do, not on how often they were evaluated. Speed-up = baseline train time / method train time at
-the same number of epochs. Accuracy is the final Pass@1 (%) averaged over the six held-out splits.
+the same number of epochs, in three currencies (docs/method.md §5.1): wall-clock, process CPU time (`cpu_s/step`:
+other jobs stretch wall time, not CPU time, unless threads oversubscribe and spin) and FLOPs (`flops/step`,
+deterministic). A run whose CPU/wall
+ratio (cores it actually used) is below 3/4 of the table's median is flagged `contended`: its wall-clock
+speed-up is not to be trusted. Accuracy is the final Pass@1 (%) averaged over the six held-out splits.
 """
 
 from __future__ import annotations
@@ -148,6 +152,8 @@ def summarize(run_dir: str | Path) -> dict:
     row.update({
         "acc/avg": evals.iloc[-1]["eval/avg"], "acc/start": evals.iloc[0]["eval/avg"],
         "train_s": float(train["timing_s/step"].sum()), "steps": int(train["step"].max()),
+        "train_cpu_s": float(train["cpu_s/step"].sum()) if "cpu_s/step" in train else float("nan"),
+        "train_flops": float(train["flops/step"].sum()) if "flops/step" in train else float("nan"),
         "epochs": float(train["epoch"].max()), "tokens/generated": int(train["tokens/generated"].sum()),
         "tokens/trained": int(train["tokens/trained"].sum()),
         "kept/prompt_frac": float(train["kept/prompt_frac"].mean()),
@@ -188,6 +194,10 @@ def compare(runs: dict[str, str | Path], baseline: str) -> pd.DataFrame:
     """Summaries of named runs with speed-up (baseline train_s / train_s) and accuracy gain over `baseline`."""
     df = pd.DataFrame({name: summarize(d) for name, d in runs.items()}).T
     df["speedup"] = df.loc[baseline, "train_s"] / df["train_s"]
+    df["speedup_cpu"] = df.loc[baseline, "train_cpu_s"] / df["train_cpu_s"]
+    df["speedup_flops"] = df.loc[baseline, "train_flops"] / df["train_flops"]
+    cores = df["train_cpu_s"] / df["train_s"]  # cores the run actually used
+    df["contended"] = cores < 0.75 * cores.median()
     df["acc_gain"] = df["acc/avg"] - df.loc[baseline, "acc/avg"]
     return df
 
@@ -225,7 +235,7 @@ def _plt():
     return plt
 
 
-TABLE_COLUMNS = ["acc/avg", "acc_gain", "train_s", "speedup", "steps", "epochs", "tokens/generated", "tokens/trained",
+TABLE_COLUMNS = ["acc/avg", "acc_gain", "train_s", "speedup", "speedup_cpu", "speedup_flops", "contended", "steps", "epochs", "tokens/generated", "tokens/trained",
                  "kept/prompt_frac", "kept/completion_frac", "density/valid_token", *[f"acc/{s}" for s in SPLITS]]
 
 

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from dppo.composition import PromptStream, StepComposer, prompt_limit
 from dppo.config import COMPUTE_DTYPES, ConfigError, TrainConfig
+from dppo.cost import ModelShape, training_multiplier
 from dppo.data import Problem, load_problems, with_chat_template
 from dppo.distributed import all_gather, balance, gather_rollouts, pad_to, shard, unshard
 from dppo.evaluation import evaluate, format_accuracy
@@ -65,16 +66,20 @@ def _accumulate(sums: dict[str, list[float]], name: str, total: float, count: fl
 
 
 class Timer:
-    """Wall-clock seconds per phase; phases a step skips report 0."""
+    """Wall-clock and process CPU seconds per phase (CPU time counts every thread of this process, and not the
+    time other processes take the cores: a busy machine stretches wall time, not CPU time); phases a step skips
+    report 0."""
 
     def __init__(self, phases=("prune", "rollout", "reward", "gather", "old_logprob", "ref_logprob", "update")):
         self.times: dict[str, float] = dict.fromkeys(phases, 0.0)
+        self.cpu: dict[str, float] = dict.fromkeys(phases, 0.0)
 
     @contextmanager
     def __call__(self, name: str):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         yield
         self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+        self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - c0
 
 
 class Trainer:
@@ -115,6 +120,8 @@ class Trainer:
         if cfg.kl_coef > 0:
             self.ref_model, _ = load_policy(cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)  # no grads:
             self.ref_model.requires_grad_(False).to(self.accelerator.device)  # stored in the compute dtype
+        self.shape = ModelShape.of(policy)  # FLOPs of each phase (dppo.cost)
+        self.flops: dict[str, float] = dict.fromkeys(("rollout", "old_logprob", "ref_logprob", "update"), 0.0)
         scorer = TokenLogprobs(policy)  # what DDP / FSDP wrap: the vocabulary projection inside the wrapped forward
         opt = torch.optim.AdamW(scorer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
@@ -172,7 +179,8 @@ class Trainer:
         """Compose -> prune_step (prompt stage, rollout, rewards, full-group advantages, completion stage,
         weights and normaliser; docs/method.md §2) -> record history -> update on the kept rows."""
         cfg, timer = self.cfg, Timer()
-        t_step = time.perf_counter()
+        t_step, c_step = time.perf_counter(), time.process_time()
+        self.flops = dict.fromkeys(("rollout", "old_logprob", "ref_logprob", "update"), 0.0)
         G = cfg.group_size
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * self.step + 1)  # masks: own stream
         epoch = self.composer.covered // len(self.train)
@@ -190,14 +198,17 @@ class Trainer:
             batches.append(batch)
             return rewards, torch.tensor([len(c) for c in batch.completion_ids]).view(len(rolled), G)
 
-        t_prune = time.perf_counter()
+        t_prune, c_prune = time.perf_counter(), time.process_time()
         step = prune_step(self.pruner, keys, self.history, rollout, gen, group_size=G,
                           scale_rewards=cfg.scale_rewards, adv_eps=cfg.adv_eps, loss_agg=cfg.loss_agg,
                           loss_normaliser=cfg.loss_normaliser, prompts_per_step=cfg.prompts_per_step,
                           more_keys=self.composer.stream.take, default_length=cfg.max_new_tokens / 2)
-        timer.times["prune"] = time.perf_counter() - t_prune - sum(timer.times[k] for k in ("rollout", "reward",
-                                                                                            "gather"))
+        inner = ("rollout", "reward", "gather")
+        timer.times["prune"] = time.perf_counter() - t_prune - sum(timer.times[k] for k in inner)
+        timer.cpu["prune"] = time.process_time() - c_prune - sum(timer.cpu[k] for k in inner)
         batch = RolloutBatch.concat(batches)
+        self.flops["rollout"] = self.shape.generation([len(p) for p in batch.prompt_ids],
+                                                      [len(c) for c in batch.completion_ids])
         for j, k in enumerate(step.rolled):
             self.history.update(k, step.rewards[j].tolist(), step.advantages[j].abs().tolist(),
                                 step.lengths[j].tolist(), self.step)
@@ -207,6 +218,8 @@ class Trainer:
         extra_stats = self.pruner.after_step(step.rewards, epoch)
         self.step += 1
         timer.times["step"] = time.perf_counter() - t_step
+        timer.cpu["step"] = time.process_time() - c_step
+        self.flops["step"] = sum(self.flops.values())
         rewards, n_rows, n_rolled = step.rewards, len(step.rows), len(step.rolled)
         lengths = step.lengths.reshape(-1).float()
         return {
@@ -222,7 +235,8 @@ class Trainer:
             "throughput/rollout_tokens_per_s": batch.num_tokens / max(1e-9, timer.times["rollout"]),
             "completion_length/truncated_frac": sum(batch.truncated) / max(1, len(batch.truncated)),
             **stats, **extra_stats, "lr": self.sched.get_last_lr()[0],
-            **{f"timing_s/{k}": v for k, v in timer.times.items()},
+            **{f"timing_s/{k}": v for k, v in timer.times.items()}, **{f"cpu_s/{k}": v for k, v in timer.cpu.items()},
+            **{f"flops/{k}": v for k, v in self.flops.items()},
         }
 
     def update(self, batch: RolloutBatch, rows: list[int], adv: torch.Tensor, weights: torch.Tensor,
@@ -246,11 +260,11 @@ class Trainer:
         old_logp = None
         if not on_policy:  # with a single update the ratio is 1 at the update: old = current, detached
             with timer("old_logprob"):
-                old_logp = self.logprobs_no_grad(self.model, p_ids, c_ids, shares)
+                old_logp = self.logprobs_no_grad(self.model, p_ids, c_ids, shares, phase="old_logprob")
         ref_logp = None
         if self.ref_model is not None:  # a full copy on every rank: no collectives, no padding
             with timer("ref_logprob"):
-                ref_logp = self.logprobs_no_grad(self.ref_model, p_ids, c_ids, [shares[self.rank]])
+                ref_logp = self.logprobs_no_grad(self.ref_model, p_ids, c_ids, [shares[self.rank]], phase="ref_logprob")
         rollout_logp = None  # truncated importance sampling against the rollout engine's log-probs
         if cfg.rollout_is_correction == "tis":
             rollout_logp = pad_completions([batch.logprobs[r] for r in rows], None, self.accelerator.device)[0]
@@ -259,6 +273,7 @@ class Trainer:
         gens = [torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step + 104_729 * r) for r in range(W)]
         loss_sum, grad_norm_sum, sums = 0.0, 0.0, {}  # sums: diagnostic -> [sum, count] over the whole update
         n_updates, slots, valid, real = 0, 0, 0, 0  # token slots processed, completion tokens, non-pad tokens
+        fwd_flops = 0.0  # forward FLOPs of the update's micro-batches (dppo.cost)
         ddp = W > 1 and not self.fsdp  # DDP: one gradient all-reduce per minibatch; FSDP reduce-scatters each backward
         with timer("update"):
             for _ in range(cfg.ppo_epochs):
@@ -309,6 +324,7 @@ class Trainer:
                         for name, (total, count) in st.items():
                             _accumulate(sums, name, total, count)
                         slots += n_slots
+                        fwd_flops += self.forward_flops(mp, mc, idx, n_slots)
                         valid += sum(len(b) for b in mc)
                         prompts = [mp[seg[0]] for seg in group_segments([self.groups[i] for i in idx])] \
                             if cfg.packing == "shared" else mp  # the prompt tokens actually computed
@@ -328,12 +344,15 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)  # gradients freed before the next rollout (vLLM wakes into that memory)
         self.model.eval()
         if W > 1:  # every rank's share of the loss and diagnostics, added up
-            parts = all_gather((loss_sum, sums, slots, valid, real))
-            loss_sum, slots, valid, real = (sum(p[i] for p in parts) for i in (0, 2, 3, 4))
+            parts = all_gather((loss_sum, sums, slots, valid, real, fwd_flops, self.flops))
+            loss_sum, slots, valid, real, fwd_flops = (sum(p[i] for p in parts) for i in (0, 2, 3, 4, 5))
+            for phase in ("old_logprob", "ref_logprob"):
+                self.flops[phase] = sum(p[6][phase] for p in parts)
             sums = {}
             for _, part, *_ in parts:
                 for name, (total, count) in part.items():
                     _accumulate(sums, name, total, count)
+        self.flops["update"] = fwd_flops * training_multiplier(cfg.gradient_checkpointing)
         n_updates = max(1, n_updates)
         return {"loss": loss_sum / n_updates, **{k: s / max(c, 1.0) for k, (s, c) in sums.items()},
                 "grad_norm": grad_norm_sum / n_updates, "tokens/trained": valid // cfg.ppo_epochs,
@@ -387,13 +406,27 @@ class Trainer:
         logp = completion_logprobs(model, p_ids, c_ids, self.tok.pad_token_id, cfg.temperature)
         return logp, len(p_ids) * max(len(a) + len(b) for a, b in zip(p_ids, c_ids))
 
+    def forward_flops(self, p_ids: list[list[int]], c_ids: list[list[int]], idx: list[int], slots: int) -> float:
+        """FLOPs of one scoring forward (`dppo.cost`): the layout's token slots, the causal (query, key) pairs the
+        sequences need (with shared prompts: the prompt's once, each completion's over prompt + itself), and the
+        vocabulary logits of the completion tokens."""
+        if self.cfg.packing == "shared":
+            pairs = 0.0
+            for seg in group_segments([self.groups[i] for i in idx]):
+                p = len(p_ids[seg[0]])
+                pairs += p * (p + 1) / 2 + sum(len(c_ids[j]) * p + len(c_ids[j]) * (len(c_ids[j]) + 1) / 2
+                                               for j in seg)
+        else:
+            pairs = sum((len(a) + len(b)) * (len(a) + len(b) + 1) / 2 for a, b in zip(p_ids, c_ids))
+        return self.shape.forward(slots, pairs, sum(len(c) for c in c_ids))
+
     def autocast(self):
         """The compute dtype's autocast on the training device (a no-op for float32)."""
         return torch.autocast(self.accelerator.device.type, dtype=self.compute_dtype,
                               enabled=self.compute_dtype is not None)
 
     def logprobs_no_grad(self, model, p_ids: list[list[int]], c_ids: list[list[int]],
-                         shares: list[list[int]] | None = None) -> torch.Tensor:
+                         shares: list[list[int]] | None = None, phase: str | None = None) -> torch.Tensor:
         """Old / reference log-probs [N, Tc_max] of the kept rows, in the update's micro-batches: of this rank's
         share `shares[rank]` when given (other rows stay 0), every rank running as many forwards as the busiest
         (FSDP's all-gathers are collectives); of every row otherwise."""
@@ -403,8 +436,10 @@ class Trainer:
         mine_plan = self.micro_batches(mine, c_ids, p_ids) if mine else []
         with torch.no_grad(), self.autocast():
             for real_mb, idx in pad_to(mine_plan, max(len(x) for x in plans), [0]):
-                lp, _ = self.score(model, [p_ids[i] for i in idx], [c_ids[i] for i in idx],
-                                   [self.groups[i] for i in idx])
+                mp, mc = [p_ids[i] for i in idx], [c_ids[i] for i in idx]
+                lp, n_slots = self.score(model, mp, mc, [self.groups[i] for i in idx])
+                if real_mb and phase:  # this rank's forward FLOPs of the phase (summed over ranks in update)
+                    self.flops[phase] += self.forward_flops(mp, mc, idx, n_slots)
                 if real_mb:
                     out = out.to(lp.dtype)
                     out[idx, : lp.shape[1]] = lp
