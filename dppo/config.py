@@ -107,8 +107,9 @@ class TrainConfig:
     # ---- packing (docs/method.md §3)
     packing: str = _f("none", "Update-phase layout: none (padded micro-batches of micro_batch_size rows), dense "
                       "(padding-free rows of pack_capacity tokens, micro-batches of micro_batch_tokens), or shared "
-                      "(dense, and each group's prompt computed once for its kept completions; sdpa / eager only; "
-                      "docs/method.md §3.3).", choices=("none", "dense", "shared"))
+                      "(dense, and each group's prompt computed once for its kept completions; docs/method.md §3.3; sdpa / "
+                      "eager: with flash_attention_2, whose varlen kernel cannot share a prefix, it packs densely).",
+                      choices=("none", "dense", "shared"))
     pack_capacity: int = _f(256, "dense packing: tokens per packed row (C). On CPU keep it small (128-256): masked "
                             "attention costs grow with the row length; with flash-attn varlen on GPU use thousands.")
     micro_batch_tokens: int = _f(4096, "dense packing: token budget of one forward/backward.")
@@ -194,9 +195,6 @@ class TrainConfig:
                "float32 or bfloat16 on a machine without CUDA (float16 autocast needs a GPU)", self.dtype)
         _check(self.refill_window == 0 or self.refill_window >= self.prompts_per_step, "refill_window",
                f"0 or at least prompts_per_step ({self.prompts_per_step})", self.refill_window)
-        _check(self.packing != "shared" or not self.attn_implementation.startswith("flash"), "packing",
-               "'none' or 'dense' with attn_implementation flash_attention_2 (its varlen kernel cannot share a "
-               "prompt between sequences)", self.packing)
         _check(self.refill == "none" or self.pruner != "dapo_filter", "refill",
                "'none' with pruner dapo_filter (DAPO refills by its own rounds)", self.refill)
         for name in ("prompt_prune_rate", "completion_prune_rate"):

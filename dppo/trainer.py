@@ -148,6 +148,12 @@ class Trainer:
                           "prompt stage changes: the estimator is then not exactly unbiased (docs/method.md §2.8)",
                           stacklevel=2)
         self.metrics_path = self.out / "metrics.jsonl"
+        # the update's layout: shared prompts need a 4-D mask, which flash-attn's varlen kernel cannot take
+        self.packing = cfg.packing
+        if cfg.packing == "shared" and cfg.attn_implementation.startswith("flash"):
+            warnings.warn("packing 'shared' with attn_implementation flash_attention_2 packs densely (flash-attn's "
+                          "varlen kernel cannot share a prompt between sequences; docs/method.md §3.3)", stacklevel=2)
+            self.packing = "dense"
 
     @property
     def policy(self) -> torch.nn.Module:
@@ -327,7 +333,7 @@ class Trainer:
                         fwd_flops += self.forward_flops(mp, mc, idx, n_slots)
                         valid += sum(len(b) for b in mc)
                         prompts = [mp[seg[0]] for seg in group_segments([self.groups[i] for i in idx])] \
-                            if cfg.packing == "shared" else mp  # the prompt tokens actually computed
+                            if self.packing == "shared" else mp  # the prompt tokens actually computed
                         real += sum(len(b) for b in mc) + sum(len(a) for a in prompts)
                     if self.scaler is not None:
                         self.scaler.unscale_(self.opt)
@@ -362,7 +368,7 @@ class Trainer:
     def shares(self, p_ids: list[list[int]], c_ids: list[list[int]], world: int) -> list[list[int]]:
         """The kept rows split over `world` ranks by tokens (`distributed.balance`); with shared packing whole
         groups, so a prompt is computed on one rank."""
-        if self.cfg.packing != "shared":
+        if self.packing != "shared":
             return balance([len(a) + len(b) for a, b in zip(p_ids, c_ids)], world)
         segs = group_segments(self.groups)
         split = balance([len(p_ids[s[0]]) + sum(len(c_ids[i]) for i in s) for s in segs], world)
@@ -374,9 +380,9 @@ class Trainer:
         micro-batches of <= micro_batch_tokens tokens. Shared: the same, with each group's rows (its prompt once
         + their completions) as one item."""
         cfg = self.cfg
-        if cfg.packing == "none":
+        if self.packing == "none":
             return [rows[s: s + cfg.micro_batch_size] for s in range(0, len(rows), cfg.micro_batch_size)]
-        if cfg.packing == "shared":
+        if self.packing == "shared":
             items = [[rows[j] for j in seg] for seg in group_segments([self.groups[i] for i in rows])]
             lengths = [len(p_ids[it[0]]) + sum(len(c_ids[i]) for i in it) for it in items]
         else:
@@ -397,10 +403,10 @@ class Trainer:
         """(logp [n, Tc], token slots processed) of one micro-batch, padded, densely packed or with shared prompts
         (`groups`: the group of each row)."""
         cfg = self.cfg
-        if cfg.packing == "shared":
+        if self.packing == "shared":
             return shared_prompt_logprobs(model, p_ids, c_ids, groups, self.tok.pad_token_id, cfg.temperature,
                                           cfg.pack_capacity)
-        if cfg.packing == "dense":
+        if self.packing == "dense":
             return packed_completion_logprobs(model, p_ids, c_ids, self.tok.pad_token_id, cfg.temperature,
                                               cfg.pack_capacity)
         logp = completion_logprobs(model, p_ids, c_ids, self.tok.pad_token_id, cfg.temperature)
@@ -410,7 +416,7 @@ class Trainer:
         """FLOPs of one scoring forward (`dppo.cost`): the layout's token slots, the causal (query, key) pairs the
         sequences need (with shared prompts: the prompt's once, each completion's over prompt + itself), and the
         vocabulary logits of the completion tokens."""
-        if self.cfg.packing == "shared":
+        if self.packing == "shared":
             pairs = 0.0
             for seg in group_segments([self.groups[i] for i in idx]):
                 p = len(p_ids[seg[0]])

@@ -68,7 +68,7 @@ def _train(tmp_path: Path, name: str, **over) -> Path:
 
 
 def _training(path: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "throughput/", "eval/"))}
+    return [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "cpu_s/", "throughput/", "eval/"))}
             for r in read_metrics(path / "metrics.jsonl")]
 
 

@@ -64,8 +64,8 @@ def trainer(tmp_path_factory):
             p.add_(0.2 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
     real = tr.logprobs_no_grad
 
-    def perturbed_old(model, p_ids, c_ids, *shares):
-        out = real(model, p_ids, c_ids, *shares)
+    def perturbed_old(model, p_ids, c_ids, *shares, **kw):
+        out = real(model, p_ids, c_ids, *shares, **kw)
         if model is tr.model:  # a deterministic function of the row: the same for a row however it was kept
             for n, c in enumerate(c_ids):
                 out[n, :len(c)] += 0.4 * torch.cos(1.7 * torch.tensor(c, dtype=out.dtype) + len(p_ids[n]))
