@@ -18,7 +18,8 @@ TRL defaults changed, and why: `bf16=False` and `gradient_checkpointing=False` (
 bf16 autocast and recomputation only slow it down, and dppo runs neither here), `lr_scheduler_type=
 constant_with_warmup` (dppo's schedule; TRL decays linearly), `learning_rate=1e-4` (TRL's 1e-6 is for billion-
 parameter models), `loss_type="grpo"` and `scale_rewards="group"` (the GRPO being compared), `beta=0`,
-`report_to="none"`, `save_strategy="no"` and `logging_steps=1` (no I/O in the timed loop).
+`report_to="none"`, `save_strategy="no"` and `logging_steps=1` (no I/O in the timed loop). One difference is
+left: transformers' warm-up starts at lr 0 on the first step, dppo's at lr / warmup_steps.
 """
 
 from __future__ import annotations
