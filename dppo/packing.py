@@ -48,6 +48,12 @@ def pack_rows(lengths: list[int], capacity: int, step: int = 8) -> list[list[int
     return best
 
 
+def _attention_kernel(scorer) -> str:
+    """The attn_implementation of a (possibly DDP-wrapped) TokenLogprobs' causal LM."""
+    policy = getattr(scorer, "module", scorer).policy
+    return getattr(policy.config, "_attn_implementation", "sdpa") or "sdpa"
+
+
 def packed_layout(lengths: list[int], capacity: int, attn_implementation: str = "sdpa") -> list[list[int]]:
     """Rows of sequence indices handed to the attention kernel. sdpa / eager: best-fit-decreasing rows of <=
     `capacity` tokens (the block-diagonal mask comes from the restarting position ids). flash_attention_2:
@@ -67,8 +73,7 @@ def packed_completion_logprobs(model, prompt_ids: list[list[int]], completion_id
     wrapped TokenLogprobs); gradients flow outside `torch.no_grad()`."""
     lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
     scorer = as_scorer(model)
-    policy = getattr(scorer, "module", scorer).policy  # under DDP / FSDP: the wrapped TokenLogprobs' causal LM
-    bins = packed_layout(lengths, capacity, getattr(policy.config, "_attn_implementation", "sdpa") or "sdpa")
+    bins = packed_layout(lengths, capacity, _attention_kernel(scorer))
     width = max(sum(lengths[i] for i in b) for b in bins)
     ids = torch.full((len(bins), width), pad_id, dtype=torch.long)
     pos = torch.zeros((len(bins), width), dtype=torch.long)
@@ -119,8 +124,7 @@ def shared_prompt_logprobs(model, prompt_ids: list[list[int]], completion_ids: l
     varlen kernel cannot express a shared prefix (it would need a prefix-sharing / cascade kernel), so
     `flash_attention_2` is refused."""
     scorer = as_scorer(model)
-    policy = getattr(scorer, "module", scorer).policy
-    attn = getattr(policy.config, "_attn_implementation", "sdpa") or "sdpa"
+    attn = _attention_kernel(scorer)
     if attn.startswith("flash_attention"):
         raise ValueError("packing 'shared' needs attn_implementation sdpa or eager (flash-attn's varlen kernel "
                          "cannot share a prompt between sequences)")

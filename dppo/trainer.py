@@ -329,12 +329,11 @@ class Trainer:
                         loss_sum += loss.item()
                         for name, (total, count) in st.items():
                             _accumulate(sums, name, total, count)
+                        segs = self.segments(mp, mc, idx)
                         slots += n_slots
-                        fwd_flops += self.forward_flops(mp, mc, idx, n_slots)
+                        fwd_flops += self.forward_flops(segs, n_slots)
                         valid += sum(len(b) for b in mc)
-                        prompts = [mp[seg[0]] for seg in group_segments([self.groups[i] for i in idx])] \
-                            if self.packing == "shared" else mp  # the prompt tokens actually computed
-                        real += sum(len(b) for b in mc) + sum(len(a) for a in prompts)
+                        real += sum(p + sum(cs) for p, cs in segs)
                     if self.scaler is not None:
                         self.scaler.unscale_(self.opt)
                     if cfg.max_grad_norm > 0:
@@ -412,19 +411,20 @@ class Trainer:
         logp = completion_logprobs(model, p_ids, c_ids, self.tok.pad_token_id, cfg.temperature)
         return logp, len(p_ids) * max(len(a) + len(b) for a, b in zip(p_ids, c_ids))
 
-    def forward_flops(self, p_ids: list[list[int]], c_ids: list[list[int]], idx: list[int], slots: int) -> float:
-        """FLOPs of one scoring forward (`dppo.cost`): the layout's token slots, the causal (query, key) pairs the
-        sequences need (with shared prompts: the prompt's once, each completion's over prompt + itself), and the
-        vocabulary logits of the completion tokens."""
-        if self.packing == "shared":
-            pairs = 0.0
-            for seg in group_segments([self.groups[i] for i in idx]):
-                p = len(p_ids[seg[0]])
-                pairs += p * (p + 1) / 2 + sum(len(c_ids[j]) * p + len(c_ids[j]) * (len(c_ids[j]) + 1) / 2
-                                               for j in seg)
-        else:
-            pairs = sum((len(a) + len(b)) * (len(a) + len(b) + 1) / 2 for a, b in zip(p_ids, c_ids))
-        return self.shape.forward(slots, pairs, sum(len(c) for c in c_ids))
+    def segments(self, p_ids: list[list[int]], c_ids: list[list[int]], idx: list[int]) -> list[tuple[int, list[int]]]:
+        """(prompt length, completion lengths) of each prompt computation in a micro-batch: one per group with
+        shared prompts, one per row otherwise."""
+        if self.packing != "shared":
+            return [(len(a), [len(b)]) for a, b in zip(p_ids, c_ids)]
+        return [(len(p_ids[seg[0]]), [len(c_ids[j]) for j in seg])
+                for seg in group_segments([self.groups[i] for i in idx])]
+
+    def forward_flops(self, segs: list[tuple[int, list[int]]], slots: int) -> float:
+        """FLOPs of one scoring forward (`dppo.cost`) over `segments`: the layout's token slots, the causal
+        (query, key) pairs they need (the prompt's, then each completion's over prompt + itself; for a single
+        completion (p + c)(p + c + 1) / 2), and the vocabulary logits of the completion tokens."""
+        pairs = sum(p * (p + 1) / 2 + sum(c * p + c * (c + 1) / 2 for c in cs) for p, cs in segs)
+        return self.shape.forward(slots, pairs, sum(sum(cs) for _, cs in segs))
 
     def autocast(self):
         """The compute dtype's autocast on the training device (a no-op for float32)."""
@@ -445,7 +445,7 @@ class Trainer:
                 mp, mc = [p_ids[i] for i in idx], [c_ids[i] for i in idx]
                 lp, n_slots = self.score(model, mp, mc, [self.groups[i] for i in idx])
                 if real_mb and phase:  # this rank's forward FLOPs of the phase (summed over ranks in update)
-                    self.flops[phase] += self.forward_flops(mp, mc, idx, n_slots)
+                    self.flops[phase] += self.forward_flops(self.segments(mp, mc, idx), n_slots)
                 if real_mb:
                     out = out.to(lp.dtype)
                     out[idx, : lp.shape[1]] = lp
