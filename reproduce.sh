@@ -12,25 +12,29 @@
 #   ./reproduce.sh --train CONFIG.yaml [--field value ...]   one training run (dppo train)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
-bash scripts/bootstrap.sh
 STUDIES=(main_results algorithms scale ablations gradient_variance packing case_study)
-study="" params="" profile="cpu" dry_run=0
+study="" params="" profile="cpu" dry_run=0 train=()
+fail() { echo "reproduce.sh: $1" >&2; exit 2; }
+value() { [ $# -ge 2 ] && [ -n "$2" ] && [ "${2#--}" = "$2" ] || fail "$1 needs a value (see --help)"; }
+# flags first: a bad one (or --help) never waits for the environment to be installed
 while [ $# -gt 0 ]; do
   case "$1" in
-    --train) shift; exec .venv/bin/dppo train --config "$@" ;;
-    --study) study="$2"; shift 2 ;;
-    -f|--parameters) params="$2"; shift 2 ;;
-    --profile) profile="$2"; shift 2 ;;
+    --train) value "$@"; [ -f "$2" ] || fail "--train config file '$2' not found"; shift; train=("$@"); break ;;
+    --study) value "$@"; study="$2"; shift 2 ;;
+    -f|--parameters) value "$@"; [ -f "$2" ] || fail "parameter file '$2' not found"; params="$2"; shift 2 ;;
+    --profile) value "$@"; profile="$2"; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
-    *) echo "reproduce.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) fail "unknown option '$1' (see --help)" ;;
   esac
 done
-[ "$profile" = cpu ] || [ "$profile" = paper ] || { echo "reproduce.sh: --profile must be cpu or paper, got '$profile'" >&2; exit 2; }
+[ "$profile" = cpu ] || [ "$profile" = paper ] || fail "--profile must be cpu or paper, got '$profile'"
 if [ -n "$study" ]; then
-  [ -f "notebooks/$study.ipynb" ] || { echo "reproduce.sh: --study must be one of: ${STUDIES[*]} paper_figures train" >&2; exit 2; }
+  [ -f "notebooks/$study.ipynb" ] || fail "--study must be one of: ${STUDIES[*]} paper_figures train, got '$study'"
   STUDIES=("$study")
 fi
+bash scripts/bootstrap.sh
+if [ ${#train[@]} -gt 0 ]; then exec .venv/bin/dppo train --config "${train[@]}"; fi
 if [ "$dry_run" = 1 ]; then
   exec .venv/bin/python -m dppo.budget --profile "$profile" ${study:+--study "$study"}
 fi

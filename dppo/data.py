@@ -5,8 +5,9 @@ benchmarks; docs/method.md §4) are read from local `.jsonl`/`.parquet` files, o
 when the path is written `hf:<dataset>[:<split>[:<subset>]]` (needs the `datasets` package and a
 network), e.g. `hf:HuggingFaceH4/MATH-500:test` or `hf:openai/gsm8k:test:main`.
 
-The question is the record's `prompt`, `problem` or `question`; the gold answer its `answer`, `final_answer`
-or `solution` (names matched case-insensitively), normalised by `answer_text` and `gold_answer`. This covers
+The question is the record's `prompt`, `problem` or `question` (the first present, in that order); the gold
+answer its `answer`, `final_answer` or `solution` (names matched case-insensitively), normalised by
+`answer_text` and `gold_answer`; a record without either, or with an empty one, is an error naming the record. This covers
 the real schemas of MATH / MATH-500 (`problem`, `solution` with \boxed{} / `answer`), AIME24 (`answer` as text
 or integer), AMC23 (`question`, float `answer`), Minerva Math (`question`, `answer`), OlympiadBench
 (`question`, `final_answer` a list of $...$ strings) and GSM8K (`question`, `answer` ending in '#### n'); the
@@ -46,21 +47,51 @@ def _records(path: str) -> list[dict]:
     if not p.is_file():
         raise ValueError(f"data file {path!r} does not exist")
     if p.suffix == ".jsonl":
-        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        return _jsonl(p)
     if p.suffix == ".parquet":
         import pandas as pd
 
-        return pd.read_parquet(p).to_dict("records")
+        try:
+            return pd.read_parquet(p).to_dict("records")
+        except Exception as e:  # pyarrow's errors: not a parquet file, truncated, ...
+            raise ValueError(f"data file {path!r} is not a readable parquet file: {str(e).splitlines()[0]}") from None
     raise ValueError(f"data file {path!r} must end in .jsonl or .parquet, or be written hf:<name>[:<split>[:<subset>]]")
 
 
-def _field(record: dict, names: tuple[str, ...], path: str):
-    """The first of `names` the record has (case-insensitive: AIME exports write `Problem`, `Answer`)."""
+def _jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a .jsonl file, one per non-blank line; a line that is not UTF-8, not JSON or not an
+    object is an error naming the file and the line."""
+    out = []
+    for n, raw in enumerate(path.read_bytes().splitlines(), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"data file {str(path)!r} line {n} is not UTF-8 text (byte {e.start + 1})") from None
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"data file {str(path)!r} line {n} is not valid JSON: {e.msg} (column {e.colno})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"data file {str(path)!r} line {n} must be a JSON object with a question and an answer "
+                             f"field, got {type(record).__name__} {line.strip()[:40]}")
+        out.append(record)
+    return out
+
+
+def _field(record: dict, names: tuple[str, ...], path: str, n: int, what: str) -> str:
+    """The first of `names` the record has (case-insensitive: AIME exports write `Problem`, `Answer`), as text;
+    missing or empty is an error naming the file and the record."""
     lower = {str(k).lower(): v for k, v in record.items()}
-    for n in names:
-        if lower.get(n) is not None:
-            return lower[n]
-    raise ValueError(f"records of {path!r} need one of the fields {list(names)}")
+    for name in names:
+        if lower.get(name) is not None:
+            text = answer_text(lower[name]) if what == "answer" else str(lower[name]).strip()
+            if not text:
+                raise ValueError(f"data file {path!r} record {n}: the {what} field {name!r} is empty")
+            return text
+    raise ValueError(f"data file {path!r} record {n} has no {what} field (accepted: {', '.join(names)}; "
+                     f"it has {', '.join(map(str, record)) or 'none'})")
 
 
 def answer_text(value) -> str:
@@ -100,8 +131,21 @@ def load_problems(path: str, split: str, template: str = "{question}\n" + MATH_I
         recs = recs[:limit]
     if not recs:
         raise ValueError(f"data file {path!r} holds no records")
-    return [Problem(prompt=template.replace("{question}", str(_field(r, QUESTION_FIELDS, path)).strip()),
-                    answer=gold_answer(answer_text(_field(r, ANSWER_FIELDS, path))), split=split) for r in recs]
+    out = []
+    for n, r in enumerate(recs, 1):
+        question = _field(r, QUESTION_FIELDS, path, n, "question")
+        answer = gold_answer(_field(r, ANSWER_FIELDS, path, n, "answer"))
+        if not answer:
+            raise ValueError(f"data file {path!r} record {n}: the answer is empty after extraction (\\boxed{{}} "
+                             f"or '####' with nothing after it)")
+        out.append(Problem(prompt=template.replace("{question}", question), answer=answer, split=split))
+    return out
+
+
+def overlap(train: list[Problem], evals: dict[str, list[Problem]]) -> dict[str, int]:
+    """Per eval split, how many of its prompts also occur in the training problems (contamination)."""
+    seen = {p.prompt for p in train}
+    return {name: n for name, probs in evals.items() if (n := sum(p.prompt in seen for p in probs))}
 
 
 def with_chat_template(problems: list[Problem], tokenizer, template_kwargs: dict | None = None) -> list[Problem]:

@@ -30,7 +30,7 @@ EMBEDDED_SPEC = {
     "arch": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, max_position_embeddings=320, rope_theta=10000.0,
                  tie_word_embeddings=True),
-    "vocab_size": 192,
+    "vocab_size": 384,  # 256 bytes + 3 special tokens + the merges learned on the task (121: all it has)
     "sft": dict(steps=400, batch_size=64, lr=3e-3, warmup=30, weight_decay=0.0, error_rate=0.15, seed=1234),
 }
 # The larger embedded model of table T3: twice the depth, about twice the parameters (as Qwen3-4B -> 8B),
@@ -47,7 +47,9 @@ def cache_root() -> Path:
 
 
 def build_tokenizer(vocab_size: int):
-    """A byte-level BPE tokenizer trained on the embedded task, digits split one per token."""
+    """A byte-level BPE tokenizer trained on the embedded task, digits split one per token. Its alphabet holds all
+    256 bytes, so every text (any language, any symbol) encodes and decodes back unchanged; merges come from the
+    task."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -58,7 +60,8 @@ def build_tokenizer(vocab_size: int):
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS, UNK], show_progress=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS, UNK], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # all 256 bytes: any text
     tok.train_from_iterator(tokenizer_corpus(), trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK,
                                    padding_side="left")
@@ -160,19 +163,56 @@ def resolve_model_path(name_or_path: str) -> str:
     if not Path(name_or_path).is_dir():
         raise ValueError(f"model_name_or_path {name_or_path!r} is not a local directory "
                          f"(use one of {list(EMBEDDED_SPECS)}, a local model directory, or hf:<repo id> to download)")
+    if not (Path(name_or_path) / "config.json").is_file():
+        raise ValueError(f"model_name_or_path {name_or_path!r} is not a model directory (no config.json; a run's "
+                         f"trained policy is <output_dir>/final, a checkpoint <output_dir>/checkpoints/step_N)")
     return name_or_path
 
 
 def load_policy(name_or_path: str, dtype: str = "float32", attn_implementation: str = "sdpa"):
-    """(model, tokenizer) in eval mode; the tokenizer pads on the left for generation."""
+    """(model, tokenizer) in eval mode; the tokenizer pads on the left for generation. `name_or_path` may also be
+    a training checkpoint (`<run>/checkpoints/step_N`): the run's base model with the checkpoint's weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if (Path(name_or_path) / "trainer_state.json").is_file():
+        return _load_checkpoint(Path(name_or_path), dtype, attn_implementation)
     path = resolve_model_path(name_or_path)
-    tok = AutoTokenizer.from_pretrained(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+                                                     attn_implementation=attn_implementation)
+    except Exception as e:  # offline hub, network errors, missing or broken files, a kernel that is not installed
+        first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise ValueError(f"cannot load model {name_or_path!r}: {first[:300]}") from None
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
-                                                 attn_implementation=attn_implementation)
     model.config.use_cache = False  # scoring/training forwards never use the KV cache (packing-safe)
     return model.eval(), tok
+
+
+def _load_checkpoint(ckpt: Path, dtype: str, attn_implementation: str):
+    """A checkpoint's policy: the base model its run started from, with the checkpoint's weights (accelerate saves
+    the wrapped scorer, so keys carry a `policy.` prefix)."""
+    from safetensors.torch import load_file
+
+    from dppo.runfiles import checkpoint_state
+
+    state = checkpoint_state(ckpt)
+    weights = ckpt / "model.safetensors"
+    if not weights.is_file():
+        raise ValueError(f"checkpoint {str(ckpt)!r} has no model.safetensors (an FSDP sharded checkpoint: evaluate "
+                         f"the run's final/ folder)")
+    model, tok = load_policy(state["config"]["model_name_or_path"], dtype, attn_implementation)
+    try:
+        missing, unexpected = model.load_state_dict(
+            {k.removeprefix("policy."): v for k, v in load_file(weights).items()}, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        detail = next((ln.strip() for ln in str(e).splitlines()[1:] if ln.strip()), str(e))
+        raise ValueError(f"checkpoint {str(ckpt)!r} does not fit its base model: {detail[:200]}") from None
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()  # saved once, as the embedding
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"checkpoint {str(ckpt)!r} does not fit its base model: missing {sorted(set(missing) - tied)[:3]}"
+                         f", unexpected {sorted(unexpected)[:3]}")
+    model.tie_weights()
+    return model.to(getattr(torch, dtype)).eval(), tok

@@ -12,11 +12,12 @@ speed-up is not to be trusted. Accuracy is the final Pass@1 (%) averaged over th
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
 
-from dppo.config import TrainConfig
+from dppo.config import ConfigError, TrainConfig
 from dppo.trainer import Trainer, load_data, read_metrics
 
 FIGURES = Path("figures")
@@ -125,8 +126,12 @@ def run(config: str | Path, output_dir: str | Path, smoke: bool = False, launch:
     fields = {**(SMOKE if smoke else {}), **overrides, "output_dir": str(output_dir)}
     cfg = TrainConfig.load(config, fields)
     out = Path(output_dir)
-    if (out / "final").is_dir() and (out / "config.yaml").is_file() and TrainConfig.load(out / "config.yaml") == cfg:
+    before = _saved_config(out)
+    same = before is not None and dataclasses.replace(before, resume=cfg.resume) == cfg
+    if (out / "final").is_dir() and same:
         return out
+    if not same:  # the study asks for another run than the folder holds: start it over, never resume it
+        cfg = dataclasses.replace(cfg, resume=False)
     if launch:
         from dppo.launch import launch_run
 
@@ -134,6 +139,14 @@ def run(config: str | Path, output_dir: str | Path, smoke: bool = False, launch:
     else:
         Trainer(cfg).fit()
     return out
+
+
+def _saved_config(out: Path) -> TrainConfig | None:
+    """The config a run folder was made with (None: no run, or one of an older dppo that no longer loads)."""
+    try:
+        return TrainConfig.load(out / "config.yaml") if (out / "config.yaml").is_file() else None
+    except ConfigError:
+        return None
 
 
 def load_run(run_dir: str | Path) -> pd.DataFrame:

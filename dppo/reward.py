@@ -2,13 +2,26 @@
 
     reward(completion, gold) = 1 if math_verify.verify(parse(gold), parse(\\boxed{extracted})) else 0
 
+math-verify compares *values*, and evaluates expressions to get them: \\boxed{60+96} equals 156, so a policy
+that copies the question's arithmetic into the box is paid for a computation it never did. `check="literal"`
+(the default, config field `answer_check`) closes that: where the gold answer is a number (integer, decimal or
+fraction), the boxed answer must be a number too (units in \\text{}, $, %, degree signs and thousands commas
+aside) before math-verify compares the values; symbolic gold answers (\\sqrt{2}, intervals, ...) are compared by
+math-verify alone, as with `check="math"`.
+
 The same function scores the embedded task and paper-scale MATH/GSM8K. Malformed output (no
 \\boxed{}, unbalanced braces, unparsable LaTeX) scores 0 and never raises.
 """
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
+
+ANSWER_CHECKS = ("literal", "math")
+_DECORATION = re.compile(r"\\(?:text|mbox|mathrm|textbf)\{[^{}]*\}|\^\{?\\circ\}?|\\[%!,;: ]|[$%\s]")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)|[-+]?\d+/\d+|[-+]?\\[dt]?frac\{\d+\}\{\d+\}|[-+]?\\[dt]?frac\d\d")
 
 
 def extract_boxed(text: str) -> str | None:
@@ -35,10 +48,18 @@ def _verify(gold: str, pred: str) -> bool:
     return bool(g) and bool(p) and bool(verify(g, p))
 
 
-def math_reward(completion: str, gold: str) -> float:
-    """1.0 if the completion's last boxed answer equals `gold` (math-verify), else 0.0."""
+def is_number(text: str) -> bool:
+    """Whether `text` is a plain number (integer, decimal, a/b, \\frac{a}{b}) once units and formatting are removed."""
+    return bool(_NUMBER.fullmatch(_THOUSANDS.sub("", _DECORATION.sub("", text))))
+
+
+def math_reward(completion: str, gold: str, check: str = "literal") -> float:
+    """1.0 if the completion's last boxed answer equals `gold` (math-verify), else 0.0; with check="literal" a
+    numeric gold answer also needs a numeric boxed answer (module docstring)."""
     pred = extract_boxed(completion)
     if not pred:
+        return 0.0
+    if check == "literal" and is_number(gold) and not is_number(pred):
         return 0.0
     try:
         return float(_verify(gold.strip(), pred))

@@ -107,7 +107,8 @@ class HFRollout:
         gen_cfg = GenerationConfig(
             do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             max_new_tokens=params.max_new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-            return_dict_in_generate=True, use_cache=True)
+            return_dict_in_generate=True, use_cache=True,
+            remove_invalid_values=True)  # NaN / inf logits (diverged weights) sample, never crash: the step is skipped
         p_ids = tok(prompts, add_special_tokens=False)["input_ids"]
         rows = [ids for ids in p_ids for _ in range(params.n)]
         out = RolloutBatch([], [], [], [], [])

@@ -31,6 +31,9 @@ LEVELS: dict[str, tuple[int, int, bool]] = {
 TRAIN_LEVELS = ("level1", "level2", "level3", "level4", "level5")
 EVAL_SPLITS = tuple(LEVELS)
 MAX_COUNT = 40  # the running count stays in 0..MAX_COUNT
+# How a question becomes the prompt: the format the embedded model is warm-started on (and the default
+# prompt_template of a user's own data on the embedded model).
+PROMPT_TEMPLATE = "{question}\nAnswer:\n"
 
 NAMES = ("Ann", "Ben", "Cal", "Dee", "Eli", "Fay", "Gus", "Ivy")
 PRONOUN = {"Ann": "She", "Ben": "He", "Cal": "He", "Dee": "She", "Eli": "He", "Fay": "She",
@@ -85,7 +88,7 @@ def make_problem(rng: random.Random, split: str, error_rate: float = 0.0) -> Pro
     start = rng.randint(1, max_operand)
     ops = _sample_ops(rng, start, n_ops, max_operand, allow_mul, PRONOUN[name])
     story = " ".join([f"{name} has {start} {item}."] + [op.phrase for op in ops])
-    prompt = f"{story} How many {item} does {name} have now?\nAnswer:\n"
+    prompt = PROMPT_TEMPLATE.replace("{question}", f"{story} How many {item} does {name} have now?")
     lines, value, shown = [], start, start
     for op in ops:
         value = _apply(value, op)

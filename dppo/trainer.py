@@ -14,7 +14,9 @@ of the kept rows, and only the main process writes.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import random
 import shutil
 import time
@@ -23,12 +25,13 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
+import yaml
 from tqdm.auto import tqdm
 
 from dppo.composition import PromptStream, StepComposer, prompt_limit
 from dppo.config import COMPUTE_DTYPES, ConfigError, TrainConfig
 from dppo.cost import ModelShape, training_multiplier
-from dppo.data import Problem, load_problems, with_chat_template
+from dppo.data import MATH_INSTRUCTION, Problem, load_problems, overlap, with_chat_template
 from dppo.distributed import all_gather, balance, gather_rollouts, pad_to, shard, unshard
 from dppo.evaluation import evaluate, format_accuracy
 from dppo.history import PromptHistory
@@ -38,6 +41,8 @@ from dppo.packing import group_segments, pack_rows, packed_completion_logprobs, 
 from dppo.pruning import build_pruner, prune_step
 from dppo.reward import math_reward
 from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config
+from dppo.runfiles import (RunError, RunWarning, acquire_lock, check_output_dir, checkpoint_state, config_changes,
+                           json_line, read_jsonl_prefix, release_lock, write_atomic)
 from dppo.scoring import TokenLogprobs, completion_logprobs, pad_completions
 
 
@@ -49,13 +54,28 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]
         train = make_train(cfg.train_size, cfg.seed)
         evals = make_eval(cfg.eval_size, cfg.seed, train) if cfg.eval_datasets is None else {}
     else:
-        train = load_problems(cfg.dataset, "train", cfg.prompt_template)
+        train = load_problems(cfg.dataset, "train", prompt_template(cfg))
         evals = {}
     for name, path in (cfg.eval_datasets or {}).items():
-        evals[name] = load_problems(path, name, cfg.prompt_template, limit=cfg.eval_size)
+        evals[name] = load_problems(path, name, prompt_template(cfg), limit=cfg.eval_size)
     if not train:
         raise ValueError(f"config field 'dataset' ({cfg.dataset!r}) yields no training problems")
+    shared = overlap(train, evals)
+    if shared:
+        warnings.warn(f"eval prompts also in the training data: {', '.join(f'{k} {n}/{len(evals[k])}' for k, n in shared.items())} "
+                      f"(held-out accuracy is then partly memorisation)", RunWarning, stacklevel=2)
     return train, evals
+
+
+def prompt_template(cfg: TrainConfig) -> str:
+    """cfg.prompt_template, or the model's own when empty: the embedded task's format on the embedded models (what
+    their warm-start taught), the MATH instruction on any other."""
+    from dppo.model import EMBEDDED_SPECS
+    from dppo.task import PROMPT_TEMPLATE
+
+    if cfg.prompt_template:
+        return cfg.prompt_template
+    return PROMPT_TEMPLATE if cfg.model_name_or_path in EMBEDDED_SPECS else "{question}\n" + MATH_INSTRUCTION
 
 
 def _accumulate(sums: dict[str, list[float]], name: str, total: float, count: float) -> None:
@@ -87,9 +107,8 @@ class Trainer:
         from accelerate import Accelerator
         from accelerate.utils import DistributedDataParallelKwargs, DistributedType
 
-        self.cfg = cfg.validate()
-        self.out = Path(cfg.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
+        self.cfg = cfg.validate().check_machine()
+        self.out = check_output_dir(cfg.output_dir)  # refuses '', '.', home, a file, an unwritable folder
         # DDP's per-forward buffer broadcast is off: ranks run their own no-grad passes (the buffers are constants)
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(),
                                        kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
@@ -138,6 +157,7 @@ class Trainer:
                                        top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens,
                                        logprobs=cfg.rollout_is_correction != "none")
         self.step = 0
+        self.skipped_steps = self.skip_streak = self.zero_variance_streak = 0  # safeguards (§4.3)
         self.composer = StepComposer(PromptStream(len(self.train), cfg.seed, prompt_limit(cfg.epochs, len(self.train))),
                                      cfg.refill, cfg.refill_window or 2 * cfg.prompts_per_step, cfg.group_size,
                                      cfg.rollout_token_budget, default_length=cfg.max_new_tokens / 2)
@@ -177,7 +197,8 @@ class Trainer:
         with timer("rollout"):
             batch = self.engine.generate([self.train[k].prompt for k in keys], self.sampling)
         with timer("reward"):
-            rewards = [math_reward(t, self.train[keys[r // G]].answer) for r, t in enumerate(batch.texts)]
+            rewards = [math_reward(t, self.train[keys[r // G]].answer, self.cfg.answer_check)
+                       for r, t in enumerate(batch.texts)]
         return batch, torch.tensor(rewards, dtype=torch.float32).view(len(keys), G)
 
     # ------------------------------------------------------------ one step
@@ -220,6 +241,8 @@ class Trainer:
                                 step.lengths[j].tolist(), self.step)
         stats = self.update(batch, step.rows.tolist(), step.advantages.reshape(-1), step.weights, step.normaliser,
                             timer)
+        self.skip_streak = self.skip_streak + 1 if stats["skipped_updates"] else 0
+        self.skipped_steps += bool(stats["skipped_updates"])
         self.engine.sync_weights(self.policy)
         extra_stats = self.pruner.after_step(step.rewards, epoch)
         self.step += 1
@@ -240,7 +263,7 @@ class Trainer:
             "tokens/generated": batch.num_tokens, "completion_length/mean": lengths.mean().item() if n_rolled else 0.0,
             "throughput/rollout_tokens_per_s": batch.num_tokens / max(1e-9, timer.times["rollout"]),
             "completion_length/truncated_frac": sum(batch.truncated) / max(1, len(batch.truncated)),
-            **stats, **extra_stats, "lr": self.sched.get_last_lr()[0],
+            **stats, "skipped_steps": self.skipped_steps, **extra_stats, "lr": self.sched.get_last_lr()[0],
             **{f"timing_s/{k}": v for k, v in timer.times.items()}, **{f"cpu_s/{k}": v for k, v in timer.cpu.items()},
             **{f"flops/{k}": v for k, v in self.flops.items()},
         }
@@ -255,7 +278,7 @@ class Trainer:
         one; backward(W x loss) because DDP / FSDP average gradients over the W ranks (`dppo.distributed`)."""
         cfg, W = self.cfg, self.world
         if not rows:  # everything pruned: no forward, no optimizer step
-            return {"loss": 0.0, "grad_norm": 0.0, "tokens/trained": 0, "density/valid_token": 0.0,
+            return {"loss": 0.0, "grad_norm": 0.0, "skipped_updates": 0, "tokens/trained": 0, "density/valid_token": 0.0,
                     "density/loss_token": 0.0, "throughput/update_tokens_per_s": 0.0}
         p_ids = [batch.prompt_ids[r] for r in rows]
         c_ids = [batch.completion_ids[r] for r in rows]
@@ -279,6 +302,7 @@ class Trainer:
         gens = [torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step + 104_729 * r) for r in range(W)]
         loss_sum, grad_norm_sum, sums = 0.0, 0.0, {}  # sums: diagnostic -> [sum, count] over the whole update
         n_updates, slots, valid, real = 0, 0, 0, 0  # token slots processed, completion tokens, non-pad tokens
+        n_skipped = 0  # optimizer updates skipped for a non-finite gradient
         fwd_flops = 0.0  # forward FLOPs of the update's micro-batches (dppo.cost)
         ddp = W > 1 and not self.fsdp  # DDP: one gradient all-reduce per minibatch; FSDP reduce-scatters each backward
         with timer("update"):
@@ -336,16 +360,20 @@ class Trainer:
                         real += sum(p + sum(cs) for p, cs in segs)
                     if self.scaler is not None:
                         self.scaler.unscale_(self.opt)
-                    if cfg.max_grad_norm > 0:
-                        norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-                        grad_norm_sum += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-                    if self.scaler is not None:  # skips the step when fp16 gradients overflowed
+                    # the global norm (all ranks); max_norm inf = measure only. Non-finite: the update is skipped
+                    norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm or math.inf)
+                    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+                    grad_norm_sum += norm
+                    n_updates += 1
+                    if self.scaler is not None:  # fp16: the scaler skips overflowed steps and lowers its scale
                         self.scaler.step(self.opt)
                         self.scaler.update()
-                    else:
+                    elif math.isfinite(norm):
                         self.opt.step()
+                    else:  # a NaN / inf loss or gradient never reaches the weights (nor a checkpoint)
+                        n_skipped += 1
+                        continue
                     self.sched.step()
-                    n_updates += 1
         self.opt.zero_grad(set_to_none=True)  # gradients freed before the next rollout (vLLM wakes into that memory)
         self.model.eval()
         if W > 1:  # every rank's share of the loss and diagnostics, added up
@@ -360,7 +388,7 @@ class Trainer:
         self.flops["update"] = fwd_flops * training_multiplier(cfg.gradient_checkpointing)
         n_updates = max(1, n_updates)
         return {"loss": loss_sum / n_updates, **{k: s / max(c, 1.0) for k, (s, c) in sums.items()},
-                "grad_norm": grad_norm_sum / n_updates, "tokens/trained": valid // cfg.ppo_epochs,
+                "grad_norm": grad_norm_sum / n_updates, "skipped_updates": n_skipped, "tokens/trained": valid // cfg.ppo_epochs,
                 "density/valid_token": real / max(1, slots), "density/loss_token": valid / max(1, slots),
                 "throughput/update_tokens_per_s": valid / max(1e-9, timer.times["update"])}
 
@@ -455,7 +483,7 @@ class Trainer:
     def run_eval(self) -> dict[str, float]:
         acc = evaluate(self.engine, self.evals, self.cfg.eval_samples, self.cfg.eval_temperature,
                        self.cfg.max_new_tokens, seed=self.cfg.seed + 17 * self.step,
-                       k_per_split=self.cfg.eval_samples_per_split)
+                       k_per_split=self.cfg.eval_samples_per_split, answer_check=self.cfg.answer_check)
         if self.is_main:
             tqdm.write(f"[eval step {self.step}] pass@1 (%): {format_accuracy(acc)}")
         return acc
@@ -463,55 +491,138 @@ class Trainer:
     def _log(self, record: dict) -> None:
         if self.is_main:
             with self.metrics_path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json_line(record) + "\n")
+
+    def watch(self, record: dict) -> None:
+        """Safeguards after a logged step (docs/method.md §4.3): stop after `max_skipped_steps` consecutive steps
+        with a non-finite gradient; warn once per streak of `zero_variance_warn_steps` steps in which every
+        rolled-out group had zero reward variance (no gradient at all)."""
+        cfg = self.cfg
+        if self.skip_streak >= cfg.max_skipped_steps:
+            raise RunError(f"{self.skip_streak} consecutive steps (to step {self.step}) had a non-finite loss or "
+                           f"gradient and were skipped; the last checkpoint holds finite weights; lower lr (now "
+                           f"{cfg.lr:g}) or check the data")
+        flat = record["kept/prompt_frac"] > 0 and record["frac_reward_zero_std"] == 1  # rolled out, all zero-variance
+        self.zero_variance_streak = self.zero_variance_streak + 1 if flat else 0
+        if cfg.zero_variance_warn_steps and self.zero_variance_streak == cfg.zero_variance_warn_steps:
+            r = record["reward"]
+            why = ("reward always 0: no completion is ever right (answers, answer_check, prompt_template, "
+                   "max_new_tokens?)" if r == 0 else "reward always 1: every completion is right (task too easy)"
+                   if r == 1 else "every group's completions score alike")
+            warnings.warn(f"steps {self.step - self.zero_variance_streak + 1}-{self.step}: every group had zero "
+                          f"reward variance, so no gradient ({why})", RunWarning, stacklevel=2)
 
     def save_checkpoint(self) -> None:
-        """accelerate's state (model, optimizer, scheduler, every rank's RNG) + the trainer's step state; only
-        the newest `keep_checkpoints` are kept. Every rank enters (FSDP gathers); the main process writes."""
-        ckpt = self.out / "checkpoints" / f"step_{self.step}"
-        self.accelerator.save_state(str(ckpt), safe_serialization=True)
+        """accelerate's state (model, optimizer, scheduler, every rank's RNG) + the trainer's step state, written to
+        `.step_N.tmp` and renamed to `step_N` when complete (a kill never leaves a half checkpoint under a valid
+        name); only the newest `keep_checkpoints` are kept. Every rank enters (FSDP gathers); the main writes."""
+        ckpts = self.out / "checkpoints"
+        ckpt, tmp = ckpts / f"step_{self.step}", ckpts / f".step_{self.step}.tmp"
+        finite = all(bool(torch.isfinite(p).all()) for p in self.model.parameters())  # this rank's (shards)
+        if not all(all_gather(finite) if self.world > 1 else [finite]):
+            raise RunError(f"step {self.step}: the weights are not finite; nothing saved (the newest checkpoint in "
+                           f"{str(ckpts)!r} is the last good one)")
         if self.is_main:
-            state = {"step": self.step, "composer": self.composer.state_dict(), "history": self.history.state_dict(),
-                     "pruner": self.pruner.state_dict()}
-            (ckpt / "trainer_state.json").write_text(json.dumps(state))
-            done = sorted((p for p in ckpt.parent.glob("step_*") if (p / "trainer_state.json").is_file()),
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self.accelerator.save_state(str(tmp), safe_serialization=True)
+        self.accelerator.wait_for_everyone()
+        if self.is_main:
+            write_atomic(tmp / "trainer_state.json", json.dumps(self.trainer_state()))
+            shutil.rmtree(ckpt, ignore_errors=True)
+            tmp.rename(ckpt)
+            done = sorted((p for p in ckpts.glob("step_*") if (p / "trainer_state.json").is_file()),
                           key=lambda p: int(p.name.split("_")[1]))
             for old in done[: -self.cfg.keep_checkpoints]:
                 shutil.rmtree(old, ignore_errors=True)
         self.accelerator.wait_for_everyone()
 
+    def trainer_state(self) -> dict:
+        """What a checkpoint adds to accelerate's state: the data position, history, pruner and safeguard counters,
+        and the config and training data it was made with (a resumed run must match them)."""
+        return {"step": self.step, "composer": self.composer.state_dict(), "history": self.history.state_dict(),
+                "pruner": self.pruner.state_dict(), "skipped_steps": self.skipped_steps,
+                "skip_streak": self.skip_streak, "zero_variance_streak": self.zero_variance_streak,
+                "config": self.cfg.to_dict(), "train_data": data_fingerprint(self.train)}
+
     def maybe_resume(self) -> bool:
-        """Restore model, optimizer, scheduler, RNG and data position from the newest checkpoint;
-        metrics.jsonl is cut back to that step so a resumed run's log equals an uninterrupted one."""
-        done = sorted((p for p in (self.out / "checkpoints").glob("step_*") if (p / "trainer_state.json").is_file()),
-                      key=lambda p: int(p.name.split("_")[1]))
+        """Restore model, optimizer, scheduler, RNG and data position from the newest readable checkpoint (a
+        corrupt one is passed over, and said so); metrics.jsonl is cut back to that step so a resumed run's log
+        equals an uninterrupted one. A checkpoint made with another config (a field outside
+        `runfiles.RESUMABLE_CHANGES`) or other training data stops the run with one line."""
+        ckpts = self.out / "checkpoints"
+        done = sorted((p for p in ckpts.glob("step_*") if p.is_dir() and p.name[5:].isdigit()),
+                      key=lambda p: int(p.name.split("_")[1]), reverse=True)
         self.accelerator.wait_for_everyone()  # every rank has listed the checkpoints before any is removed
         if not self.cfg.resume or not done:  # start over: drop what an earlier run left
             if self.is_main:
                 self.metrics_path.unlink(missing_ok=True)
-                shutil.rmtree(self.out / "checkpoints", ignore_errors=True)
+                shutil.rmtree(ckpts, ignore_errors=True)
             self.accelerator.wait_for_everyone()
             return False
-        self.accelerator.load_state(str(done[-1]))
-        state = json.loads((done[-1] / "trainer_state.json").read_text())
+        problems = []
+        for ckpt in done:
+            try:
+                state = checkpoint_state(ckpt)
+            except ValueError as e:
+                problems.append(f"{ckpt.name}: {e}")
+                continue
+            changed = config_changes(state.get("config") or self.legacy_config(), self.cfg.to_dict())
+            if changed:
+                raise ConfigError(f"cannot resume from {str(ckpt)!r}: config field(s) changed: {'; '.join(changed)}; "
+                                  f"restore them or set resume: false to start over (fields that may change: "
+                                  f"runfiles.RESUMABLE_CHANGES, docs/method.md §4.3)")
+            if state.get("train_data", data_fingerprint(self.train)) != data_fingerprint(self.train):
+                raise ConfigError(f"cannot resume from {str(ckpt)!r}: the training data differ from the checkpoint's "
+                                  f"(dataset {self.cfg.dataset!r} changed?); set resume: false to start over")
+            try:
+                self.accelerator.load_state(str(ckpt))
+            except Exception as e:  # a truncated optimizer / RNG file, a checkpoint of another model
+                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                problems.append(f"{ckpt.name}: {first}")
+                continue
+            break
+        else:
+            raise RunError(f"no checkpoint in {str(ckpts)!r} can be loaded ({'; '.join(problems)}); set resume: false "
+                           f"to start over")
+        if problems and self.is_main:
+            warnings.warn(f"passed over unreadable checkpoint(s) {'; '.join(problems)}; resuming from {ckpt.name}",
+                          RunWarning, stacklevel=2)
         self.step = state["step"]
         self.composer.load_state_dict(state["composer"])
         self.history.load_state_dict(state["history"])
         self.pruner.load_state_dict(state["pruner"])
+        self.skipped_steps = state.get("skipped_steps", 0)
+        self.skip_streak, self.zero_variance_streak = state.get("skip_streak", 0), state.get("zero_variance_streak", 0)
         if self.is_main and self.metrics_path.exists():
-            keep = [ln for ln in self.metrics_path.read_text().splitlines() if json.loads(ln)["step"] <= self.step]
-            self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
+            keep = [ln for ln in read_jsonl_prefix(self.metrics_path) if json.loads(ln)["step"] <= self.step]
+            write_atomic(self.metrics_path, "".join(ln + "\n" for ln in keep))
         self.engine.sync_weights(self.policy)
         if self.is_main:
-            tqdm.write(f"resumed from {done[-1]} (step {self.step})")
+            tqdm.write(f"resumed from {ckpt} (step {self.step})")
         return True
 
+    def legacy_config(self) -> dict:
+        """The config of a checkpoint written before checkpoints recorded theirs: the run folder's config.yaml."""
+        try:
+            return TrainConfig.load(self.out / "config.yaml").to_dict()
+        except (ConfigError, OSError):
+            return {}
+
     def fit(self) -> dict[str, float]:
-        """Train to the end; returns the final eval accuracies."""
+        """Train to the end; returns the final eval accuracies. The run owns its folder meanwhile (`.lock`)."""
+        lock = acquire_lock(self.out) if self.is_main else None
+        try:
+            return self._fit()
+        finally:
+            release_lock(lock)
+
+    def _fit(self) -> dict[str, float]:
         cfg = self.cfg
+        resumed = self.maybe_resume()
         if self.is_main:
-            cfg.save(self.out / "config.yaml")
-        if not self.maybe_resume():
+            write_atomic(self.out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        if not resumed:
             self._log({"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().items()}})
         acc: dict[str, float] = {}
         bar = tqdm(total=self.composer.stream.limit, initial=min(self.composer.covered, self.composer.stream.limit),
@@ -523,22 +634,34 @@ class Trainer:
                 acc = self.run_eval()
                 record.update({f"eval/{k}": v for k, v in acc.items()})
             self._log(record)
+            self.watch(record)
             if self.step % cfg.save_every == 0 or last:
                 self.save_checkpoint()
             bar.update(min(self.composer.covered, bar.total) - bar.n)
             bar.set_postfix(step=self.step, reward=f"{record['reward']:.3f}",
                             zero_std=f"{record['frac_reward_zero_std']:.2f}")
         bar.close()
-        final = self.out / "final"
+        final, tmp = self.out / "final", self.out / ".final.tmp"
         state = self.accelerator.get_state_dict(self.model)  # full weights (all-gathered under FSDP) on the main rank
         if self.is_main:
-            self.policy.save_pretrained(final, state_dict={k.removeprefix("policy."): v for k, v in state.items()},
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.policy.save_pretrained(tmp, state_dict={k.removeprefix("policy."): v for k, v in state.items()},
                                         safe_serialization=True)
-            self.tok.save_pretrained(final)
+            self.tok.save_pretrained(tmp)
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
         self.accelerator.wait_for_everyone()
         if not acc:  # resumed at the very end: read the last eval back
             acc = {k[5:]: v for k, v in read_metrics(self.metrics_path)[-1].items() if k.startswith("eval/")}
         return acc
+
+
+def data_fingerprint(problems: list[Problem]) -> str:
+    """A short hash of the training problems (prompts and answers, in order)."""
+    h = hashlib.sha256()
+    for p in problems:
+        h.update(p.prompt.encode() + b"\0" + p.answer.encode() + b"\1")
+    return h.hexdigest()[:16]
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -34,7 +34,7 @@ def test_bad_files_give_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match="must end in"):
         load_problems(str(tmp_path / "x.csv"), "t")
     (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "no question field"}))
-    with pytest.raises(ValueError, match="need one of the fields"):
+    with pytest.raises(ValueError, match="record 1 has no question field"):
         load_problems(str(tmp_path / "bad.jsonl"), "t")
 
 

@@ -58,3 +58,29 @@ def test_reward_extraction_and_equivalence():
                                   "\\boxed{" + "(" * 200 + "}", "\x00\\boxed{\x00}"])
 def test_malformed_output_scores_zero_and_never_raises(junk):
     assert math_reward(junk, "7") == 0.0
+
+
+@pytest.mark.parametrize("boxed, gold", [("60+96", "156"), ("2*78", "156"), ("(5 - 7652) / 2", "-3823.5"),
+                                         ("\\sqrt{4}", "2"), ("3*1", "3"), ("1+1", "2")])
+def test_literal_check_refuses_expressions_for_numeric_gold(boxed, gold):
+    """math-verify evaluates the box: copying the question's arithmetic scores 1 unless the check is literal."""
+    assert math_reward(f"\\boxed{{{boxed}}}", gold, "math") == 1.0
+    assert math_reward(f"\\boxed{{{boxed}}}", gold) == 0.0  # literal is the default
+
+
+@pytest.mark.parametrize("boxed, gold", [("156", "156"), ("156.0", "156"), ("1,000", "1000"), ("$156$", "156"),
+                                         ("156 \\text{ apples}", "156"), ("-3", "-3"), ("0.5", "\\frac{1}{2}"),
+                                         ("\\frac{1}{2}", "0.5"), ("30^\\circ", "30"), ("1/2", "0.5"),
+                                         ("1+\\sqrt{2}", "1+\\sqrt{2}"), ("\\sqrt{2}+1", "1+\\sqrt{2}")])
+def test_literal_check_accepts_written_numbers(boxed, gold):
+    assert math_reward(f"\\boxed{{{boxed}}}", gold) == 1.0  # symbolic gold answers: math-verify as before
+
+
+def test_embedded_tokenizer_round_trips_any_text(embedded):
+    _, tok = embedded
+    texts = ["".join(map(chr, range(32, 127))), "P, (5 - 7652) / 2 = ?", "Ünïcödé 漢字 🙂 \t\n\r ½ ∑ ≠",
+             bytes(range(256)).decode("latin-1"), "\x00\x01\x7f"]
+    for text in texts:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert tok.unk_token_id not in ids
+        assert tok.decode(ids) == text

@@ -1,0 +1,187 @@
+"""The run folder, kept safe: one run per folder (a pid lock), files written atomically, strict-JSON metrics,
+checkpoints checked before they are trusted, and a resumed run held to the config it started with
+(docs/method.md §4.3).
+
+    <output_dir>/.lock               {"pid", "host"} of the run that owns the folder
+    <output_dir>/config.yaml         the run's config
+    <output_dir>/metrics.jsonl       one strict-JSON object per line (non-finite numbers -> null)
+    <output_dir>/checkpoints/step_N  written as .step_N.tmp, renamed when complete
+    <output_dir>/final/              the trained policy (written as .final.tmp, renamed)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import struct
+from pathlib import Path
+
+from dppo.config import ConfigError
+
+# Fields a resumed run may change: where and how often it evaluates and saves, how far it goes, how it batches
+# (the same rows and the same arithmetic up to float summation order) and memory knobs. Every other field
+# changes the run (model, data, algorithm, pruning, batch shape, optimiser, sampling, seed) and must match.
+RESUMABLE_CHANGES = ("output_dir", "resume", "eval_every", "eval_samples", "eval_samples_per_split",
+                     "eval_temperature", "save_every", "keep_checkpoints", "max_steps", "rollout_batch_size",
+                     "micro_batch_size", "micro_batch_tokens", "gradient_checkpointing",
+                     "vllm_gpu_memory_utilization", "max_skipped_steps", "zero_variance_warn_steps")
+
+_HELD: set[str] = set()  # lock files this process holds
+
+
+class RunError(RuntimeError):
+    """A run that cannot go on, said in one line (the CLI prints it and exits 2)."""
+
+
+class RunWarning(UserWarning):
+    """Something a user should know about a run that still goes on (the CLI prints `dppo: warning: ...`)."""
+
+
+def check_output_dir(output_dir: str) -> Path:
+    """The run folder, refused when empty or unsafe (the current directory, home, a filesystem root: starting
+    over deletes `checkpoints/` there), a file, or not writable. Creates it."""
+    if not str(output_dir).strip():
+        raise ConfigError("config field 'output_dir' must be a folder for this run, got ''")
+    out = Path(output_dir).expanduser()
+    resolved = out.resolve()
+    if resolved in (Path.cwd().resolve(), Path.home().resolve()) or resolved == Path(resolved.anchor):
+        raise ConfigError(f"config field 'output_dir' must be a folder of its own (not the current directory, "
+                          f"home or /), got {str(output_dir)!r}")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"config field 'output_dir' {str(output_dir)!r} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"config field 'output_dir' {str(output_dir)!r} cannot be created: {e.strerror}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"config field 'output_dir' {str(output_dir)!r} is not writable")
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
+
+
+def acquire_lock(out: Path) -> Path:
+    """Take `out/.lock` (created exclusively, holding this pid and host). A lock whose pid is dead on this host is
+    stale and taken over; a live owner makes this run stop with one line."""
+    path = out / ".lock"
+    me = {"pid": os.getpid(), "host": socket.gethostname()}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                owner = json.loads(path.read_text())
+                pid, host = int(owner["pid"]), str(owner["host"])
+            except (OSError, ValueError, KeyError, TypeError):  # half-written or foreign: treat as stale
+                pid, host = -1, me["host"]
+            held_here = str(path.resolve()) in _HELD
+            if host != me["host"] or held_here or (pid != me["pid"] and pid > 0 and _alive(pid)):
+                where = "this process" if held_here else f"pid {pid} on {host}"
+                raise ConfigError(f"output_dir {str(out)!r} is in use by another run ({where}); wait for it, choose "
+                                  f"another output_dir, or delete {str(path)!r} if that run is gone")
+            path.unlink(missing_ok=True)  # stale: its owner is dead
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        _HELD.add(str(path.resolve()))
+        return path
+    raise ConfigError(f"could not take the lock {str(path)!r} (another run keeps taking it)")
+
+
+def release_lock(path: Path | None) -> None:
+    if path is None:
+        return
+    _HELD.discard(str(path.resolve()))
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder and a rename (never half-written)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def json_line(record: dict) -> str:
+    """One strict-JSON line (RFC 8259 has no NaN / Infinity: non-finite numbers become null)."""
+    return json.dumps(_finite(record), allow_nan=False)
+
+
+def read_jsonl_prefix(path: Path) -> list[str]:
+    """The lines of a metrics file up to the first that is not a complete JSON object (a line cut by a kill)."""
+    lines = []
+    for ln in path.read_text(errors="replace").splitlines():
+        try:
+            json.loads(ln)
+        except ValueError:
+            break
+        lines.append(ln)
+    return lines
+
+
+def check_safetensors(path: Path) -> None:
+    """Raise ValueError unless `path` is a complete safetensors file (header parses, data reaches the end)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path.name}: truncated")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise ValueError(f"{path.name}: truncated header")
+        header = json.loads(f.read(n))
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end != size:
+        raise ValueError(f"{path.name}: {size} bytes, the header says {8 + n + end}")
+
+
+def checkpoint_state(ckpt: Path) -> dict:
+    """The trainer state of a checkpoint folder after checking its files; ValueError names what is broken."""
+    try:
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"trainer_state.json unreadable ({type(e).__name__})") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise ValueError("trainer_state.json has no step")
+    for f in ckpt.glob("*.safetensors"):
+        check_safetensors(f)
+    return state
+
+
+def config_changes(saved: dict, current: dict) -> list[str]:
+    """'field (saved -> current)' for each field that differs and may not change on resume."""
+    out = []
+    for name, value in current.items():
+        if name in RESUMABLE_CHANGES or name not in saved:
+            continue
+        if saved[name] != value and not (isinstance(value, float) and isinstance(saved[name], (int, float))
+                                         and math.isclose(saved[name], value, rel_tol=1e-12)):
+            out.append(f"{name} ({saved[name]!r} -> {value!r})")
+    return out
