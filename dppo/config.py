@@ -18,7 +18,7 @@ import yaml
 
 from dppo.composition import REFILL_MODES
 from dppo.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
-from dppo.pruning import NORMALISERS, PRUNER_FIELDS, PRUNERS, SAMPLING_MODES
+from dppo.pruning import INCLUSION_RULES, NORMALISERS, PRUNER_FIELDS, PRUNERS, SAMPLING_MODES
 
 
 # config dtype -> the autocast compute dtype over fp32 master weights (None: plain fp32)
@@ -109,6 +109,14 @@ class TrainConfig:
     prompt_candidate_rule: str = _f("zero_variance", "Prompt candidates: zero-variance group at the last visit, "
                                     "or mean |A| below abs_adv_threshold.", choices=("zero_variance", "abs_adv"))
     abs_adv_threshold: float = _f(0.1, "Threshold of the abs_adv prompt candidate rule.")
+    inclusion: str = _f("uniform", "DPPO's inclusion probabilities (docs/method.md §2.10): uniform = candidates kept with "
+                        "1 - r (the paper); proportional = every item kept independently with pi ~ a gradient-size "
+                        "proxy (completions: |A| times the aggregation's length weight, + the KL term's share; prompts: "
+                        "mean |A| at the last visit), at the uniform rule's expected kept count; rows with A = 0 and "
+                        "kl_coef 0 are dropped (pi = 0, exact: their loss is zero for every theta).",
+                        choices=INCLUSION_RULES)
+    inclusion_floor: float = _f(0.1, "proportional: the smallest inclusion probability pi_min of an item that may "
+                                "carry gradient (weights stay <= 1 / pi_min).")
     cppo_per_group: bool = _f(True, "CPPO: top-|A| per group (true) or over the whole batch (false).")
     cppo_allocation: bool = _f(True, "CPPO: roll out ceil(B / (1 - P)) prompts per step so ~B*G completions train.")
     dapo_max_rounds: int = _f(4, "DAPO dynamic sampling: at most this many rollout rounds to fill B informative groups.")
@@ -222,6 +230,9 @@ class TrainConfig:
             _check(getattr(self, name) == defaults[name] or name in PRUNER_FIELDS.get(self.pruner, ()), name,
                    f"0 with pruner {self.pruner} (read by: "
                    f"{', '.join(p for p, f in PRUNER_FIELDS.items() if name in f)})", getattr(self, name))
+        _check(0 < self.inclusion_floor <= 1, "inclusion_floor", "a number in (0, 1]", self.inclusion_floor)
+        _check(self.inclusion == "uniform" or self.prune_sampling == "bernoulli", "prune_sampling",
+               "bernoulli with inclusion proportional (Poisson sampling: each item independently)", self.prune_sampling)
         _check(0 <= self.clip_low < 1, "clip_low", "a number in [0, 1)", self.clip_low)
         _check(self.clip_high >= 0, "clip_high", "a number >= 0", self.clip_high)
         _check(self.prompts_per_step * self.group_size >= self.num_minibatches, "num_minibatches",

@@ -10,7 +10,9 @@ masks are drawn
 Sampling modes, both exact:
   * "bernoulli":   each candidate is kept independently with pi = 1 - r;
   * "fixed_count": k = floor(r n) of the n candidates are dropped, a uniformly random subset; pi = (n - k)/n.
-Non-candidates are always kept (pi = 1).
+Non-candidates are always kept (pi = 1). DPPO's `inclusion="proportional"` instead keeps every item
+independently (Poisson sampling) with pi proportional to a gradient-size proxy, at the uniform rule's expected
+budget (`proportional_probs`, §2.10).
 
 `prune_step` is the one place a step's stages run in order (prompt stage -> rollout -> full-group advantages
 -> completion stage -> weights and normaliser); the trainer, `dppo.variance` and the tests all call it.
@@ -28,6 +30,7 @@ from dppo.losses import ADVANTAGES
 
 SAMPLING_MODES = ("bernoulli", "fixed_count")
 NORMALISERS = ("covered", "fixed")
+INCLUSION_RULES = ("uniform", "proportional")
 
 
 def inclusion_probs(candidates: torch.Tensor, rate: float, mode: str) -> torch.Tensor:
@@ -60,6 +63,49 @@ def draw_keep_mask(candidates: torch.Tensor, rate: float, mode: str, gen: torch.
         else:
             keep[cand_idx[torch.randperm(n_cand, generator=gen)[:math.floor(rate * n_cand)]]] = False
     return keep.view_as(candidates), pi
+
+
+def proportional_probs(size: torch.Tensor, budget: float, floor: float, exact_zeros: bool) -> torch.Tensor:
+    """Inclusion probabilities proportional to size (Horvitz-Thompson; docs/method.md §2.10). size [n] >= 0 ->
+    pi [n] float64 with sum_i pi_i = budget:
+
+        pi_i = min(1, max(floor, c s_i))   (c found by bisection),
+
+    With `exact_zeros`, items of size 0 get pi = 0 and take no budget (only for items whose loss is zero for every
+    theta); otherwise they get the floor while larger items can use the budget, and share what is left once every
+    larger item is kept for sure. When even keeping every item that may be kept does not reach the budget, the
+    sum is smaller (nothing left to spend it on); when the floor alone exceeds it, every item gets the floor."""
+    s = size.to(torch.float64).reshape(-1)
+    live = s > 0 if exact_zeros else torch.ones_like(s, dtype=torch.bool)
+    pos, zero = live & (s > 0), live & (s == 0)
+    n_pos, n_zero = int(pos.sum()), int(zero.sum())
+    pi = torch.zeros_like(s)
+    if n_pos + n_zero == 0:
+        return pi.view(size.shape)
+    if budget >= n_pos + floor * n_zero:  # every sized item at 1; the size-0 ones share the rest
+        pi[pos] = 1.0
+        if n_zero:
+            pi[zero] = min(1.0, max(floor, (budget - n_pos) / n_zero))
+        return pi.view(size.shape)
+    if budget <= floor * (n_pos + n_zero):
+        pi[live] = floor
+        return pi.view(size.shape)
+    sp = s[pos]
+
+    def total(c: float) -> float:
+        return float((c * sp).clamp(min=floor, max=1.0).sum()) + floor * n_zero
+    lo, hi = 0.0, 1.0 / float(sp.min())  # at hi every sized item has pi = 1: total >= budget
+    for _ in range(100):  # the bracket halves each time: c to double precision
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if total(mid) < budget else (lo, mid)
+    pi[pos] = (hi * sp).clamp(min=floor, max=1.0)
+    pi[zero] = floor
+    return pi.view(size.shape)
+
+
+def draw_poisson(pi: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Poisson sampling: keep item i independently with probability pi_i. pi [...] float64 -> keep bool."""
+    return torch.rand(pi.shape, generator=gen, dtype=torch.float64) < pi
 
 
 def completion_candidates(adv: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
@@ -159,7 +205,8 @@ class Pruner:
         n = len(keys)
         return Selection(torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=torch.float64))
 
-    def select_completions(self, rewards: torch.Tensor, adv: torch.Tensor, gen: torch.Generator) -> Selection:
+    def select_completions(self, rewards: torch.Tensor, adv: torch.Tensor, gen: torch.Generator,
+                           lengths: torch.Tensor | None = None) -> Selection:
         return Selection(torch.ones_like(adv, dtype=torch.bool), torch.ones_like(adv, dtype=torch.float64))
 
     def loss_weights(self, prompts: Selection, completions: Selection) -> torch.Tensor:
@@ -169,7 +216,8 @@ class Pruner:
             return importance_weights(prompts.pi[prompts.keep], completions.pi)[keep]
         return torch.ones(int(keep.sum()), dtype=torch.float64)
 
-    def after_step(self, rolled_rewards: torch.Tensor, epoch: int) -> dict:
+    def after_step(self, rolled_rewards: torch.Tensor, epoch: int, stats: dict | None = None) -> dict:
+        """Adapt to the finished step (its rollouts' rewards [K, G] and the update's statistics)."""
         return {}
 
     def state_dict(self) -> dict:
@@ -181,12 +229,19 @@ class Pruner:
 
 @dataclass
 class DPPO(Pruner):
-    """Dynamic Pruning Policy Optimization: random inclusion at both stages, 1/pi weights (§2.3)."""
+    """Dynamic Pruning Policy Optimization: random inclusion at both stages, 1/pi weights (§2.3). `inclusion`
+    "uniform" keeps candidates with pi = 1 - r (the paper's rule); "proportional" spends the same expected
+    budget with pi proportional to a gradient-size proxy (§2.10)."""
     prompt_rate: float = 0.0  # r_q
     completion_rate: float = 0.0  # r_o
     sampling: str = "bernoulli"
     prompt_rule: str = "zero_variance"  # or "abs_adv": mean |A| at the last visit below abs_adv_threshold
     abs_adv_threshold: float = 0.1
+    inclusion: str = "uniform"  # or "proportional"
+    inclusion_floor: float = 0.1  # pi_min of the proportional rule (weights <= 1 / pi_min)
+    kl_coef: float = 0.0  # beta: with beta > 0 no row's loss is zero for every theta
+    loss_agg: str = "seq-mean-token-mean"
+    kl_estimate: float = 0.0  # the last step's mean per-token KL to the reference (the KL term's size proxy)
 
     def prompt_candidates(self, keys: list[int], history) -> torch.Tensor:
         """[S] bool from history: zero-variance group at the last visit (or mean |A| below the threshold);
@@ -200,13 +255,60 @@ class DPPO(Pruner):
         return out
 
     def prompt_inclusion(self, keys, history):
-        return inclusion_probs(self.prompt_candidates(keys, history), self.prompt_rate, self.sampling)
+        candidates = self.prompt_candidates(keys, history)
+        if self.inclusion == "uniform":
+            return inclusion_probs(candidates, self.prompt_rate, self.sampling)
+        # proportional: the uniform rule's expected kept count over the seen prompts, pi ~ mean |A| at the last
+        # visit, floored (a prompt's gradient now is never known to be zero); never-seen prompts: pi = 1
+        seen = torch.tensor([history.get(k) is not None for k in keys], dtype=torch.bool)
+        pi = torch.ones(len(keys), dtype=torch.float64)
+        if self.prompt_rate > 0 and bool(seen.any()):
+            size = torch.tensor([history.get(k).mean_abs_adv for k, s in zip(keys, seen.tolist()) if s],
+                                dtype=torch.float64)
+            budget = float(seen.sum()) - self.prompt_rate * float(candidates.sum())
+            pi[seen] = proportional_probs(size, budget, self.inclusion_floor, exact_zeros=False)
+        return pi
+
+    def completion_size(self, adv: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        """s [B, G]: the proxy of ||grad l_{b,i}|| known after rollout, g_{b,i} (|A_{b,i}| + beta k), with g the
+        aggregation's weight on the sequence's summed token gradients (1 for seq-mean-token-mean, |o| for
+        seq-mean-token-sum-norm and token-mean) and k the last step's per-token KL (§2.10)."""
+        scale = torch.ones_like(adv, dtype=torch.float64)
+        if lengths is not None and self.loss_agg in ("seq-mean-token-sum-norm", "token-mean"):
+            scale = lengths.to(torch.float64)
+        return scale * (adv.abs().to(torch.float64) + self.kl_coef * self.kl_estimate)
+
+    def completion_inclusion(self, rewards, adv, lengths=None) -> torch.Tensor:
+        """pi_o [B, G] of the completion stage, without drawing."""
+        candidates = completion_candidates(adv, rewards)
+        if self.inclusion == "uniform":
+            return inclusion_probs(candidates, self.completion_rate, self.sampling)
+        budget = adv.numel() - self.completion_rate * float(candidates.sum())
+        exact = self.kl_coef == 0  # A = 0 and no KL term: l = 0 for every theta, so pi = 0 is exact
+        return proportional_probs(self.completion_size(adv, lengths), budget, self.inclusion_floor, exact)
 
     def select_prompts(self, keys, history, gen):
+        if self.inclusion == "proportional":
+            pi = self.prompt_inclusion(keys, history)
+            return Selection(draw_poisson(pi, gen), pi)
         return Selection(*draw_keep_mask(self.prompt_candidates(keys, history), self.prompt_rate, self.sampling, gen))
 
-    def select_completions(self, rewards, adv, gen):
+    def select_completions(self, rewards, adv, gen, lengths=None):
+        if self.inclusion == "proportional":
+            pi = self.completion_inclusion(rewards, adv, lengths)
+            return Selection(draw_poisson(pi, gen), pi)
         return Selection(*draw_keep_mask(completion_candidates(adv, rewards), self.completion_rate, self.sampling, gen))
+
+    def after_step(self, rolled_rewards, epoch, stats=None):
+        if stats and stats.get("kl") is not None:
+            self.kl_estimate = float(stats["kl"])
+        return {}
+
+    def state_dict(self):
+        return {"kl_estimate": self.kl_estimate}
+
+    def load_state_dict(self, state):
+        self.kl_estimate = float(state.get("kl_estimate", 0.0))
 
 
 class BiasedDPPO(DPPO):
@@ -225,7 +327,7 @@ class CPPO(Pruner):
     def prompts_to_cover(self, batch_prompts):
         return math.ceil(batch_prompts / (1 - self.prune_rate)) if self.allocation else batch_prompts
 
-    def select_completions(self, rewards, adv, gen):
+    def select_completions(self, rewards, adv, gen, lengths=None):
         return Selection(cppo_keep(adv, self.prune_rate, self.per_group), torch.ones_like(adv, dtype=torch.float64))
 
 
@@ -278,7 +380,7 @@ class GRESO(Pruner):
         keep = torch.rand(len(keys), generator=gen, dtype=torch.float64) >= 1.0 - pi  # skip w.p. 1 - pi
         return Selection(keep, pi)
 
-    def after_step(self, rolled_rewards, epoch):
+    def after_step(self, rolled_rewards, epoch, stats=None):
         if rolled_rewards.numel() and epoch > 0:
             zero = rolled_rewards.max(1).values == rolled_rewards.min(1).values
             easy = (zero & (rolled_rewards[:, 0] > 0)).float().mean().item()
@@ -307,7 +409,7 @@ class DAPOFilter(Pruner):
     def needs_refill(self, rewards, batch_prompts):
         return int((rewards.max(1).values != rewards.min(1).values).sum()) < batch_prompts
 
-    def select_completions(self, rewards, adv, gen):
+    def select_completions(self, rewards, adv, gen, lengths=None):
         informative = (rewards.max(1).values != rewards.min(1).values)[:, None].expand_as(adv)
         return Selection(informative.clone(), torch.ones_like(adv, dtype=torch.float64))
 
@@ -321,7 +423,7 @@ PRUNERS: dict[str, type[Pruner]] = {"none": Pruner, "dppo": DPPO, "dppo_biased":
 # the config fields each pruner reads (anything else set away from its default is an error in the config)
 PRUNER_FIELDS: dict[str, tuple[str, ...]] = {
     "dppo": ("prompt_prune_rate", "completion_prune_rate", "prune_sampling", "prompt_candidate_rule",
-             "abs_adv_threshold"),
+             "abs_adv_threshold", "inclusion", "inclusion_floor"),
     "cppo": ("completion_prune_rate", "cppo_per_group", "cppo_allocation"),
     "dapo_filter": ("dapo_max_rounds",),
 }
@@ -335,7 +437,8 @@ def build_pruner(cfg) -> Pruner:
     if cfg.pruner in ("dppo", "dppo_biased"):
         return PRUNERS[cfg.pruner](prompt_rate=cfg.prompt_prune_rate, completion_rate=cfg.completion_prune_rate,
                                    sampling=cfg.prune_sampling, prompt_rule=cfg.prompt_candidate_rule,
-                                   abs_adv_threshold=cfg.abs_adv_threshold)
+                                   abs_adv_threshold=cfg.abs_adv_threshold, inclusion=cfg.inclusion,
+                                   inclusion_floor=cfg.inclusion_floor, kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg)
     if cfg.pruner == "cppo":
         return CPPO(prune_rate=cfg.completion_prune_rate, per_group=cfg.cppo_per_group, allocation=cfg.cppo_allocation)
     if cfg.pruner == "dapo_filter":
@@ -391,7 +494,7 @@ def prune_step(pruner: Pruner, keys: list[int], history, rollout: Rollout, gen: 
         keys, rolled = keys + extra, rolled + extra_rolled
         psel = Selection(torch.cat([psel.keep, esel.keep]), torch.cat([psel.pi, esel.pi]))
     adv = ADVANTAGES[scale_rewards](rewards, adv_eps) if rolled else torch.zeros(0, G)
-    csel = pruner.select_completions(rewards, adv, gen)
+    csel = pruner.select_completions(rewards, adv, gen, lengths)
     csel.keep = pruner.limit(csel.keep, B)
     weights = pruner.loss_weights(psel, csel)
     if pruner.weighted:

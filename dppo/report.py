@@ -49,6 +49,7 @@ T1_RUNS = {
     "GRESO": ("experiments/cpu/greso.yaml", _KEEP, "main_results/greso"),
     "CPPO": ("experiments/cpu/cppo.yaml", _KEEP, "main_results/cppo"),
     "DPPO": ("experiments/cpu/dppo.yaml", _KEEP, "main_results/dppo"),
+    "DPPO, proportional": ("experiments/cpu/dppo_proportional.yaml", _KEEP, "main_results/dppo_proportional"),
 }
 # T2-T5 share short runs (256 problems x 2 epochs = 32 steps: the second epoch is where the prompt
 # stage has history to prune with), so each is a few minutes on 2 CPU cores.
@@ -68,6 +69,8 @@ T4_RUNS = {
     "completion stage only": (_D, {**SHORT, "prompt_prune_rate": 0.0}, "short/dppo_completion_only"),
     "without 1/pi weights": (_D, {**SHORT, "pruner": "dppo_biased"}, "short/dppo_biased"),
     "without Dense Prompt Packing": (_D, {**SHORT, "packing": "none", "refill": "none"}, "short/dppo_nopack"),
+    "proportional inclusion (same budget)": ("experiments/cpu/dppo_proportional.yaml", SHORT,
+                                             "short/dppo_proportional"),
 }
 T5_RATES = (0.3, 0.5, 0.7)
 
@@ -311,8 +314,10 @@ def figure_f3(results_dir: str | Path, name: str = "F3_gradient_variance", out: 
     df = pd.read_csv(Path(results_dir) / "variance.csv")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     for est, style in (("DPPO (r_q = r_o = r)", "o-"), ("DPPO prompt only (r_q = r)", "s-"),
-                       ("DPPO completion only (r_o = r)", "^-")):
+                       ("DPPO completion only (r_o = r)", "^-"), ("DPPO proportional (same budget)", "D-")):
         d = df[df["estimator"] == est]
+        if d.empty:  # a CSV written before the proportional rule
+            continue
         ax1.plot(d["rate"], d["variance_rel"], style, label=f"{est}, measured")
         ax1.plot(d["rate"], d["closed_form_variance"] / d["full_grad_sq"], "k:", lw=1)
     ax1.plot([], [], "k:", lw=1, label="closed form (docs/method.md §2)")

@@ -244,7 +244,7 @@ class Trainer:
         self.skip_streak = self.skip_streak + 1 if stats["skipped_updates"] else 0
         self.skipped_steps += bool(stats["skipped_updates"])
         self.engine.sync_weights(self.policy)
-        extra_stats = self.pruner.after_step(step.rewards, epoch)
+        extra_stats = self.pruner.after_step(step.rewards, epoch, stats)
         self.step += 1
         timer.times["step"] = time.perf_counter() - t_step
         timer.cpu["step"] = time.process_time() - c_step

@@ -6,7 +6,8 @@ K = [<grad l_n, grad l_m>] and draws of the coefficient vector c:
 
     bias     = || E[c] - 1/N ||_K                     (0 for an unbiased estimator)
     variance = E || c - E[c] ||_K^2  = tr Cov[grad L_hat]
-    closed form (Bernoulli, docs/method.md §2.7): sum_b [(1/pi_b - 1) ||S_b||^2 + (1/pi_b) sum_i (1/pi_bi - 1) ||g_bi||^2] / N^2
+    closed form (independent inclusion, docs/method.md §2.7): sum_b [(1/pi_b - 1) ||S_b||^2 + (1/pi_b) sum_i (1/pi_bi - 1)
+                ||g_bi||^2] / N^2, for the uniform rule's and the proportional rule's (§2.10) probabilities alike
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from dppo.history import PromptHistory
 from dppo.losses import grpo_advantages, policy_objective
-from dppo.pruning import completion_candidates, inclusion_probs, prune_step
+from dppo.pruning import prune_step
 from dppo.reward import math_reward
 from dppo.rollout import HFRollout, RolloutBatch, SamplingParams
 from dppo.scoring import completion_logprobs, pad_completions
@@ -30,31 +31,34 @@ def rollout(model, tok, prompts: list[str], answers: list[str], group_size: int,
     return batch, rewards.view(len(prompts), group_size)
 
 
-def per_sample_gram(model, tok, batch, adv: torch.Tensor, kl_coef: float = 0.1, seed: int = 0) -> torch.Tensor:
-    """K [N, N] float64 of the per-sample gradients of the clipped surrogate + beta * k3 KL; old and reference
-    log-probs are the current ones perturbed (seeded) so that clipping and the KL act."""
+def per_sample_gram(model, tok, batch, adv: torch.Tensor, kl_coef: float = 0.1, seed: int = 0
+                    ) -> tuple[torch.Tensor, float]:
+    """(K [N, N] float64 of the per-sample gradients of the clipped surrogate + beta * k3 KL, the mean per-token
+    KL); old and reference log-probs are the current ones perturbed (seeded) so that clipping and the KL act."""
     gen = torch.Generator().manual_seed(seed)
-    grads = []
+    grads, kl_sum, kl_tokens = [], 0.0, 0.0
     for n in range(adv.numel()):
         model.zero_grad(set_to_none=True)
         logp = completion_logprobs(model, batch.prompt_ids[n:n + 1], batch.completion_ids[n:n + 1], tok.pad_token_id)
         mask = pad_completions([torch.ones(logp.shape[1])], None, logp.device)[1]
         old = logp.detach() + 0.3 * torch.randn(logp.shape, generator=gen).to(logp.device)
         ref = logp.detach() + 0.5 * torch.randn(logp.shape, generator=gen).to(logp.device)
-        loss, _ = policy_objective(logp, old, adv.reshape(-1)[n:n + 1], mask, torch.ones(1), 1.0, ref_logp=ref,
-                                   kl_coef=kl_coef)
+        loss, stats = policy_objective(logp, old, adv.reshape(-1)[n:n + 1], mask, torch.ones(1), 1.0, ref_logp=ref,
+                                       kl_coef=kl_coef)
+        if "kl" in stats:
+            kl_sum, kl_tokens = kl_sum + stats["kl"][0], kl_tokens + stats["kl"][1]
         loss.backward()
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]).double().cpu())
     model.zero_grad(set_to_none=True)
     g = torch.stack(grads)  # [N, P]
-    return g @ g.T
+    return g @ g.T, kl_sum / max(kl_tokens, 1.0)
 
 
 def gradient_gram(model, tok, prompts: list[str], answers: list[str], n_groups: int, group_size: int,
                   zero_variance_groups: int, max_new_tokens: int = 48, kl_coef: float = 0.1, seed: int = 0) -> dict:
     """Roll out every prompt, keep `n_groups` groups of which `zero_variance_groups` have all-equal rewards
     (so the prompt stage has candidates: prompts whose last group had zero variance), then GRPO advantages
-    and per_sample_gram. Returns rewards [B, G], adv [B, G], gram [N, N], lengths [N]."""
+    and per_sample_gram. Returns rewards [B, G], adv [B, G], gram [N, N], lengths [N], kl (mean per token)."""
     G = group_size
     batch, rewards = rollout(model, tok, prompts, answers, G, max_new_tokens, seed)
     zero = (rewards.max(1).values == rewards.min(1).values).tolist()
@@ -68,8 +72,8 @@ def gradient_gram(model, tok, prompts: list[str], answers: list[str], n_groups: 
                          ("prompt_ids", "completion_ids", "logprobs", "texts", "truncated")))
     rewards = rewards[pick]
     adv = grpo_advantages(rewards)
-    return {"rewards": rewards, "adv": adv, "gram": per_sample_gram(model, tok, sub, adv, kl_coef, seed),
-            "lengths": [len(c) for c in sub.completion_ids]}
+    gram, kl = per_sample_gram(model, tok, sub, adv, kl_coef, seed)
+    return {"rewards": rewards, "adv": adv, "gram": gram, "lengths": [len(c) for c in sub.completion_ids], "kl": kl}
 
 
 def history_from(rewards: torch.Tensor, adv: torch.Tensor, lengths: list[int]) -> PromptHistory:
@@ -111,17 +115,47 @@ def bias_and_variance(coef: torch.Tensor, gram: torch.Tensor) -> dict:
             "variance": float(var), "cosine": float(cos), "full_grad_sq": float(full @ gram @ full)}
 
 
-def closed_form_variance(rewards: torch.Tensor, adv: torch.Tensor, gram: torch.Tensor, prompt_candidates: torch.Tensor,
-                         prompt_rate: float, completion_rate: float) -> float:
-    """tr Cov[grad L_hat] of DPPO with Bernoulli masks (docs/method.md §2.7)."""
+def closed_form_variance(gram: torch.Tensor, pruner, history, rewards: torch.Tensor, adv: torch.Tensor) -> dict:
+    """Exact moments of a two-stage estimator with independent inclusion at both stages (docs/method.md §2.7), by
+    enumerating the prompt masks (Poisson: each prompt with 0 < pi_b < 1 kept independently) and, given each,
+    taking the completion stage's probabilities pi_bi | mask from the pruner (the proportional rule's depend on
+    which prompts were rolled out):
+
+        Var = E_mask[ sum_{b kept} (1/pi_b^2) sum_i (1/pi_bi - 1) ||g_bi||^2 ] / N^2  +  Var_mask[ E[grad L_hat | mask] ]
+
+    which for the uniform rule is sum_b [(1/pi_b - 1) ||S_b||^2 + (1/pi_b) sum_i (1/pi_bi - 1) ||g_bi||^2] / N^2.
+    Items with pi = 0 are never kept (the proportional rule gives pi = 0 only to zero-gradient items).
+    Returns {variance, kept: E[kept rows] / N, rolled: E[rolled prompts] / B}."""
+    import itertools
+
     B, G = rewards.shape
     n = B * G
+    keys = list(range(B))
+    pi_q = pruner.prompt_inclusion(keys, history)
+    free = [b for b in keys if 0 < float(pi_q[b]) < 1]
     sq = torch.diagonal(gram)
-    group = torch.zeros(B, n, dtype=torch.float64)
-    for b in range(B):
-        group[b, b * G:(b + 1) * G] = 1.0
-    sq_group = torch.diagonal(group @ gram @ group.T)
-    pi_o = inclusion_probs(completion_candidates(adv, rewards), completion_rate, "bernoulli").reshape(-1)
-    pi_q = inclusion_probs(prompt_candidates, prompt_rate, "bernoulli")
-    total = ((1 / pi_q - 1) * sq_group).sum() + (group @ ((1 / pi_o - 1) * sq) / pi_q).sum()
-    return float(total) / n**2
+    moments, total_p = [], 0.0
+    for bits in itertools.product([True, False], repeat=len(free)):
+        keep = pi_q >= 1
+        prob = 1.0
+        for b, k in zip(free, bits):
+            keep[b] = k
+            prob *= float(pi_q[b]) if k else 1 - float(pi_q[b])
+        rolled = [b for b in keys if keep[b]]
+        mean, cond, kept = torch.zeros(n, dtype=torch.float64), 0.0, 0.0
+        if rolled:
+            pi_o = pruner.completion_inclusion(rewards[rolled], adv[rolled]).to(torch.float64)  # [K, G] | mask
+            for j, b in enumerate(rolled):
+                rows = slice(b * G, (b + 1) * G)
+                mean[rows] = 1.0 / float(pi_q[b]) / n
+                live = pi_o[j] > 0
+                excess = torch.where(live, 1 / pi_o[j].clamp(min=1e-300) - 1, torch.zeros_like(pi_o[j]))
+                cond += float((excess * sq[rows]).sum()) / float(pi_q[b]) ** 2 / n**2
+                kept += float(pi_o[j].sum())
+        moments.append((prob, mean, cond, kept, len(rolled)))
+        total_p += prob
+    assert abs(total_p - 1) < 1e-9
+    expected = sum(p * m for p, m, *_ in moments)
+    between = sum(p * float((m - expected) @ gram @ (m - expected)) for p, m, *_ in moments)
+    return {"variance": sum(p * c for p, _, c, *_ in moments) + between,
+            "kept": sum(p * k for p, _, _, k, _ in moments) / n, "rolled": sum(p * r for p, *_, r in moments) / B}

@@ -27,7 +27,7 @@ def setup(embedded):
     rewards[0] = 1.0  # make sure of a zero-variance group and an informative one
     rewards[1, :2], rewards[1, 2:] = 1.0, 0.0
     adv = grpo_advantages(rewards)
-    gram = per_sample_gram(model, tok, batch, adv, kl_coef=0.1, seed=0)  # clipped surrogate + beta * k3 KL
+    gram, _ = per_sample_gram(model, tok, batch, adv, kl_coef=0.1, seed=0)  # clipped surrogate + beta * k3 KL
     history = PromptHistory()
     for k in (0, 1):  # prompts 0 and 1 were zero-variance when last seen; 2 and 3 are new
         history.update(k, [1.0] * G, [0.0] * G, [10] * G, step=0)
@@ -72,12 +72,20 @@ def test_variance_matches_closed_form(setup, rate):
         "both": (DPPO(prompt_rate=rate, completion_rate=rate),
                  ((1 / pi_q - 1) * sq_group).sum() + (group @ ((1 / pi_o - 1) * sq) / pi_q).sum()),
     }
-    rates = {"completion": (0.0, rate), "prompt": (rate, 0.0), "both": (rate, rate)}
     for name, (pruner, closed) in cases.items():
         measured = bias_and_variance(coefficients(pruner, rewards, history, 6000, seed=1), gram)["variance"]
         assert measured == pytest.approx(closed.item() / N**2, rel=0.10), name
-        library = closed_form_variance(rewards, adv, gram, pi_q < 1, *rates[name])  # dppo.variance (F3) agrees
+        # dppo.variance (F3) agrees, from the pruner's own probabilities
+        library = closed_form_variance(gram, pruner, history, rewards, adv)["variance"]
         assert library == pytest.approx(closed.item() / N**2, rel=1e-12), name
+    # the proportional rule: its completion probabilities depend on which prompts were rolled out, so only the
+    # enumeration over prompt masks is exact; measured against it, and below the uniform rule at the same budget
+    prop = DPPO(prompt_rate=rate, completion_rate=rate, inclusion="proportional", kl_coef=0.1, kl_estimate=0.1)
+    exact = closed_form_variance(gram, prop, history, rewards, adv)
+    measured = bias_and_variance(coefficients(prop, rewards, history, 6000, seed=1), gram)["variance"]
+    assert measured == pytest.approx(exact["variance"], rel=0.10)
+    uniform = closed_form_variance(gram, cases["both"][0], history, rewards, adv)
+    assert exact["kept"] == pytest.approx(uniform["kept"], rel=1e-9) and exact["rolled"] == pytest.approx(uniform["rolled"])
 
 
 @pytest.mark.parametrize("refill", ["prompts", "tokens"])

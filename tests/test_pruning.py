@@ -34,8 +34,8 @@ def _expected_loss(pruner, rewards, loss, lengths, history, **step_kw):
     """E[L_hat] over every prompt mask and, given it, every completion mask, through `prune_step`:
     L_hat = sum_kept w l / Z with the library's weights and normaliser Z."""
     def run():
-        step = prune_step(pruner, list(range(B)), history, lambda keys: (rewards[keys], lengths[keys]),
-                          torch.Generator(), group_size=G, **step_kw)
+        step = prune_step(pruner, list(range(rewards.shape[0])), history, lambda keys: (rewards[keys], lengths[keys]),
+                          torch.Generator(), group_size=rewards.shape[1], **step_kw)
         kept_loss = loss[step.rolled].reshape(-1)[step.rows]
         return float((step.weights * kept_loss).sum()) / step.normaliser
     return expectation(run)
@@ -43,13 +43,14 @@ def _expected_loss(pruner, rewards, loss, lengths, history, **step_kw):
 
 def _target_normaliser(pruner, lengths, history, agg, mode):
     """Z written from its definition (docs/method.md §2.6): covered prompts x G, or tokens with history
-    lengths for the prompts that may be pruned; `fixed` scales by prompts_per_step / covered (here 2/3)."""
-    pi_q = pruner.prompt_inclusion(list(range(B)), history)
+    lengths for the prompts that may be pruned; `fixed` scales by prompts_per_step / covered (here 2/B)."""
+    n, g = lengths.shape
+    pi_q = pruner.prompt_inclusion(list(range(n)), history)
     if agg == "token-mean":
-        z = sum(float(lengths[b].sum()) if pi_q[b] == 1 else G * history.get(b).mean_length for b in range(B))
+        z = sum(float(lengths[b].sum()) if pi_q[b] == 1 else g * history.get(b).mean_length for b in range(n))
     else:
-        z = B * G
-    return z * (2 / B if mode == "fixed" else 1.0)
+        z = n * g
+    return z * (2 / n if mode == "fixed" else 1.0)
 
 
 @pytest.mark.parametrize("mode", ["bernoulli", "fixed_count"])
@@ -152,3 +153,64 @@ def test_candidates_and_masks():
     assert torch.allclose(keeps, torch.tensor([0.7, 0.7, 0.7, 1.0]), atol=0.03)
     with pytest.raises(ValueError, match="prune rate"):
         draw_keep_mask(cand, 1.0, "bernoulli", gen)
+
+
+# ---------------------------------------------------------------- proportional inclusion (docs/method.md §2.10)
+def _small_inputs(seed):
+    """Two prompts x 3 completions (every Poisson mask of both stages is enumerated): a group that was zero-variance
+    when last seen and still is, and a never-seen informative one; per-sample losses arbitrary."""
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, float(seed % 2)]])
+    loss = torch.randn(2, 3, generator=g, dtype=torch.float64)
+    lengths = torch.randint(1, 20, (2, 3), generator=g)
+    history = PromptHistory()
+    history.update(0, [1.0] * 3, [0.0] * 3, [5] * 3, step=0)
+    return rewards, loss, lengths, history
+
+
+@pytest.mark.parametrize("rates", [(0.5, 0.5), (0.3, 0.7), (0.9, 0.9), (0.0, 0.5), (0.5, 0.0)])
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"])
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_proportional_inclusion_is_exactly_unbiased(rates, agg, kl_coef, seed):
+    """E[L_hat] = L by enumerating every Poisson mask of both stages. Without KL, rows with A = 0 get pi = 0: exact
+    because their loss is zero for every theta; with KL every row keeps pi >= the floor (arbitrary losses)."""
+    rewards, loss, lengths, history = _small_inputs(seed)
+    if kl_coef == 0:  # l = A u: zero exactly where A = 0, as every surrogate without a KL term
+        loss = grpo_advantages(rewards).double() * loss
+    pruner = DPPO(prompt_rate=rates[0], completion_rate=rates[1], inclusion="proportional", inclusion_floor=0.2,
+                  kl_coef=kl_coef, kl_estimate=0.3, loss_agg=agg)
+    full = float(loss.sum()) / _target_normaliser(pruner, lengths, history, agg, "covered")
+    expected = _expected_loss(pruner, rewards, loss, lengths, history, loss_agg=agg)
+    assert expected == pytest.approx(full, rel=1e-9, abs=1e-12)
+
+
+def test_proportional_probabilities():
+    from dppo.pruning import proportional_probs
+
+    size = torch.tensor([0.0, 0.1, 0.2, 0.4, 1.0, 5.0, 0.0], dtype=torch.float64)
+    pi = proportional_probs(size, budget=3.0, floor=0.05, exact_zeros=True)
+    assert float(pi.sum()) == pytest.approx(3.0, rel=1e-12)
+    assert pi[0] == 0 and pi[-1] == 0 and pi[5] == 1.0  # exact zeros dropped; the largest capped at 1
+    assert torch.all(pi[1:6] >= 0.05) and torch.all(pi[1:5].diff() >= 0)  # floored, monotone in size
+    ratio = pi[1:4] / size[1:4]  # sizes 0.1, 0.2, 0.4: neither floored nor capped
+    assert torch.all(pi[1:4] < 1) and torch.allclose(ratio, ratio[0].expand(3))  # proportional
+    floored = proportional_probs(size, budget=3.0, floor=0.05, exact_zeros=False)
+    assert floored[0] == 0.05 and float(floored.sum()) == pytest.approx(3.0, rel=1e-12)
+    assert torch.all(proportional_probs(size, 10.0, 0.05, True)[1:6] == 1.0)  # budget above what can be kept
+    assert torch.all(proportional_probs(size, 0.1, 0.05, False) == 0.05)  # the floor above the budget
+
+
+@pytest.mark.parametrize("rate", [0.3, 0.5, 0.7, 0.9])
+def test_proportional_spends_the_uniform_budget(rate):
+    """At equal rate the proportional rule's expected kept count equals the uniform rule's (the informative rows
+    can absorb it here), and it drops the zero-advantage rows the uniform rule keeps with 1 - r."""
+    rewards, _, lengths, _ = _inputs(0)
+    adv = grpo_advantages(rewards)
+    uniform = DPPO(completion_rate=rate).completion_inclusion(rewards, adv, lengths)
+    prop = DPPO(completion_rate=rate, inclusion="proportional").completion_inclusion(rewards, adv, lengths)
+    if float(uniform.sum()) < int((adv != 0).sum()):
+        assert float(prop.sum()) == pytest.approx(float(uniform.sum()), rel=1e-9)
+    else:
+        assert torch.all(prop[adv != 0] == 1.0)
+    assert torch.all(prop[adv == 0] == 0.0) and torch.all(uniform[adv == 0] == 1 - rate)
