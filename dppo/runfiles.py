@@ -16,6 +16,7 @@ import math
 import os
 import socket
 import struct
+import warnings
 from pathlib import Path
 
 from dppo.config import ConfigError
@@ -89,6 +90,8 @@ def acquire_lock(out: Path) -> Path:
                 where = "this process" if held_here else f"pid {pid} on {host}"
                 raise ConfigError(f"output_dir {str(out)!r} is in use by another run ({where}); wait for it, choose "
                                   f"another output_dir, or delete {str(path)!r} if that run is gone")
+            warnings.warn(f"took over the lock of {str(out)!r} from pid {pid}, which is gone (a killed run)",
+                          RunWarning, stacklevel=2)
             path.unlink(missing_ok=True)  # stale: its owner is dead
             continue
         with os.fdopen(fd, "w") as f:

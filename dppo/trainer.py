@@ -518,7 +518,8 @@ class Trainer:
         name); only the newest `keep_checkpoints` are kept. Every rank enters (FSDP gathers); the main writes."""
         ckpts = self.out / "checkpoints"
         ckpt, tmp = ckpts / f"step_{self.step}", ckpts / f".step_{self.step}.tmp"
-        finite = all(bool(torch.isfinite(p).all()) for p in self.model.parameters())  # this rank's (shards)
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in self.model.parameters()]  # FSDP2: own shard
+        finite = bool(torch.stack([torch.isfinite(p).all() for p in local]).all())  # one device sync
         if not all(all_gather(finite) if self.world > 1 else [finite]):
             raise RunError(f"step {self.step}: the weights are not finite; nothing saved (the newest checkpoint in "
                            f"{str(ckpts)!r} is the last good one)")
