@@ -100,8 +100,8 @@ BAD_FIELDS = [  # (override, field named in the error)
 
 
 @pytest.mark.parametrize("override, field", BAD_FIELDS, ids=[" ".join(o) or "empty" for o, _ in BAD_FIELDS])
-def test_bad_field(capsys, tmp_path, override, field):
-    os.chdir(tmp_path)  # '.' and relative paths resolve inside the test's folder
+def test_bad_field(capsys, tmp_path, monkeypatch, override, field):
+    monkeypatch.chdir(tmp_path)  # '.' and relative paths resolve inside the test's folder (restored after)
     err = one_line_error(capsys, ["train", "--config", GRPO_YAML, "--output_dir", str(tmp_path / "run"), *override])
     assert field in err, err
 
