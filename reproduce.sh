@@ -10,10 +10,11 @@
 #                                           each training run its own `accelerate launch` over all local GPUs
 #   ./reproduce.sh --profile paper --dry-run   print every command and the estimated GPU-hours per study
 #   ./reproduce.sh --train CONFIG.yaml [--field value ...]   one training run (dppo train)
+#   ./reproduce.sh --lab                    open JupyterLab on notebooks/ (every notebook runs interactively)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
-STUDIES=(main_results algorithms scale ablations gradient_variance packing case_study)
-study="" params="" profile="cpu" dry_run=0 train=()
+mapfile -t STUDIES < <(python3 dppo/studies.py)  # the study registry (dppo.studies), in order; stdlib only
+study="" params="" profile="cpu" dry_run=0 train=() lab=0
 fail() { echo "reproduce.sh: $1" >&2; exit 2; }
 value() { [ $# -ge 2 ] && [ -n "$2" ] && [ "${2#--}" = "$2" ] || fail "$1 needs a value (see --help)"; }
 # flags first: a bad one (or --help) never waits for the environment to be installed
@@ -24,7 +25,8 @@ while [ $# -gt 0 ]; do
     -f|--parameters) value "$@"; [ -f "$2" ] || fail "parameter file '$2' not found"; params="$2"; shift 2 ;;
     --profile) value "$@"; profile="$2"; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --lab) lab=1; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) fail "unknown option '$1' (see --help)" ;;
   esac
 done
@@ -35,19 +37,38 @@ if [ -n "$study" ]; then
 fi
 bash scripts/bootstrap.sh
 if [ ${#train[@]} -gt 0 ]; then exec .venv/bin/dppo train --config "${train[@]}"; fi
+if [ "$lab" = 1 ]; then  # as root (containers) jupyter refuses to start without --allow-root
+  exec .venv/bin/jupyter lab notebooks/ $([ "$(id -u)" = 0 ] && echo --allow-root); fi
 if [ "$dry_run" = 1 ]; then
   exec .venv/bin/python -m dppo.budget --profile "$profile" ${study:+--study "$study"}
 fi
 mkdir -p experiments/results/notebooks
+# Live progress: the notebooks' runs append to this file (dppo.progress): run i/n, step, ETA; followed here.
+export DPPO_PROGRESS_FILE="$PWD/experiments/results/progress.log"
+: > "$DPPO_PROGRESS_FILE"
+tail -n +1 -F "$DPPO_PROGRESS_FILE" 2>/dev/null &
+follower=$!
+trap 'kill $follower 2>/dev/null || true' EXIT
+summary=() t_all=$SECONDS
+run_notebook() {  # name, then papermill's extra arguments
+  local nb="$1" t0=$SECONDS; shift
+  echo "[reproduce] $(date +%T) study $nb (notebooks/$nb.ipynb -> experiments/results/notebooks/$nb.ipynb)" >> "$DPPO_PROGRESS_FILE"
+  DPPO_SMOKE=0 .venv/bin/papermill "notebooks/$nb.ipynb" "experiments/results/notebooks/$nb.ipynb" --cwd . \
+    --no-progress-bar "$@"
+  summary+=("$(awk -v n="$nb" -v s=$((SECONDS - t0)) 'BEGIN { printf "%-18s %5.1f min", n, s / 60 }')")
+}
 for nb in "${STUDIES[@]}"; do
   args=()
   if [ -n "$params" ]; then args=(-f "$params")
   elif [ "$profile" = paper ] && [ -f "experiments/paper/$nb.yaml" ]; then args=(-f "experiments/paper/$nb.yaml"); fi
   [ "$nb" = paper_figures ] && continue
-  echo "[reproduce] $nb $(date +%T)"
-  DPPO_SMOKE=0 .venv/bin/papermill "notebooks/$nb.ipynb" "experiments/results/notebooks/$nb.ipynb" --cwd . \
-    --progress-bar "${args[@]}"
+  run_notebook "$nb" "${args[@]}"
 done
-echo "[reproduce] paper_figures $(date +%T)"
-DPPO_SMOKE=0 .venv/bin/papermill notebooks/paper_figures.ipynb experiments/results/notebooks/paper_figures.ipynb --cwd .
-ls -l figures/
+run_notebook paper_figures
+sleep 1
+kill $follower 2>/dev/null || true
+echo
+echo "[reproduce] done in $(( (SECONDS - t_all) / 60 )) min $(( (SECONDS - t_all) % 60 )) s; time per study:"
+printf '  %s\n' "${summary[@]}"
+echo "[reproduce] regenerated (figures/): $(ls figures | tr '\n' ' ')"
+echo "[reproduce] executed notebooks, with every table and figure inline: experiments/results/notebooks/"

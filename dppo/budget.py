@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from dppo.config import TrainConfig
+from dppo.studies import BY_NAME
 
 PEAK_FLOPS = 989e12  # H100 SXM, dense BF16 tensor-core peak (NVIDIA H100 Tensor Core GPU datasheet)
 TRAIN_MFU = 0.25  # assumed: NeMo AutoModel reports 28-44% MFU for BF16 FSDP2 training on DGX-H100 with TE kernels
@@ -36,7 +37,7 @@ DATASET_SIZES = {
     "hf:math-ai/olympiadbench:test": 675, "hf:openai/gsm8k:test:main": 1319,
 }
 EMBEDDED_PARAMS = {"embedded": 0.8e6, "embedded-large": 1.6e6}
-STUDIES = ("main_results", "algorithms", "scale", "ablations", "gradient_variance", "packing", "case_study")
+STUDIES = tuple(BY_NAME)  # the registry (dppo.studies), in reproduction order
 
 
 def model_params(name: str) -> float:
@@ -93,7 +94,7 @@ def study_params(study: str, profile: str) -> dict:
 
 def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[dict]]:
     """(every command, in order; one budget row per study)."""
-    from dppo import report
+    from dppo import studies as registry
     from dppo.launch import train_command
 
     commands, rows = [], []
@@ -102,15 +103,16 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
         args = f" -f experiments/paper/{study}.yaml" if params else ""
         commands.append(f"papermill notebooks/{study}.ipynb experiments/results/notebooks/{study}.ipynb --cwd .{args}")
         keys = ("configs", "overrides", "large_model", "rates")
-        layouts = report.study_layouts(study, **{k: params[k] for k in keys if k in params})
+        layouts = registry.study_layouts(study, **{k: params[k] for k in keys if k in params})
+        seeds = params.get("seeds", registry.BY_NAME[study].seeds)
         seen, hours = set(), 0.0
         for layout in layouts.values():
-            for cfg_path, over, sub in layout.values():
-                out = Path(params.get("results_dir") or report.RESULTS) / sub
+            for cfg_path, over, sub in (spec for specs in registry.runs_for(layout, seeds).values() for spec in specs):
+                out = Path(params.get("results_dir") or registry.RESULTS) / sub
                 if out in seen:  # runs shared between tables train once
                     continue
                 seen.add(out)
-                cfg = TrainConfig.load(cfg_path, {**over, "output_dir": str(out)})
+                cfg = TrainConfig.load(registry.ROOT / cfg_path, {**over, "output_dir": str(out)})
                 hours += run_gpu_hours(cfg)
                 if params.get("launch"):
                     commands.append("  " + shlex.join(train_command(out / "launch.yaml", params["launch"], gpus)))

@@ -170,7 +170,10 @@ class TrainConfig:
     warmup_steps: int = _f(10, "Linear learning-rate warm-up, in steps.")
     max_grad_norm: float = _f(1.0, "Gradient clipping norm (0 = off).")
     # ---- evaluation and saving
-    eval_every: int = _f(50, "Evaluate every this many steps (and before the first and after the last).")
+    eval_every: int = _f(50, "Evaluate every this many steps (and after the last).")
+    eval_before_train: bool = _f(True, "Evaluate the initial model before the first step (as verl's val_before_train). "
+                                 "Studies turn it off where a baseline of the same seed already evaluated the same "
+                                 "initial model on the same problems with the same sampling seed.")
     eval_samples: int = _f(4, "k samples per problem: eval/<split> is avg@k (Pass@1 averaged over the k samples), "
                            "eval/<split>/pass@k the share of problems with at least one correct sample.")
     eval_samples_per_split: dict = _f(None, "k per eval split where it differs from eval_samples (AIME / AMC: more).")

@@ -28,6 +28,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from dppo import progress
 from dppo.composition import PromptStream, StepComposer, prompt_limit
 from dppo.config import COMPUTE_DTYPES, ConfigError, TrainConfig
 from dppo.cost import ModelShape, training_multiplier
@@ -623,11 +624,13 @@ class Trainer:
         resumed = self.maybe_resume()
         if self.is_main:
             write_atomic(self.out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        if not resumed:
+        if not resumed and cfg.eval_before_train:
             self._log({"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().items()}})
         acc: dict[str, float] = {}
+        name = "/".join(self.out.parts[-2:])  # e.g. "grpo/seed1": which run the bar is
         bar = tqdm(total=self.composer.stream.limit, initial=min(self.composer.covered, self.composer.stream.limit),
-                   desc="train", unit="prompt", mininterval=10.0, disable=not self.is_main)
+                   desc=name, unit="prompt", mininterval=10.0, disable=not self.is_main)
+        told = progress.Throttle(every_s=20.0)
         while not self.finished():
             record = self.train_step()
             last = self.finished()
@@ -641,6 +644,8 @@ class Trainer:
             bar.update(min(self.composer.covered, bar.total) - bar.n)
             bar.set_postfix(step=self.step, reward=f"{record['reward']:.3f}",
                             zero_std=f"{record['frac_reward_zero_std']:.2f}")
+            if self.is_main and (told() or last):
+                progress.note(f"  {name}: step {self.step} | {bar.format_meter(**bar.format_dict)}")
         bar.close()
         final, tmp = self.out / "final", self.out / ".final.tmp"
         state = self.accelerator.get_state_dict(self.model)  # full weights (all-gathered under FSDP) on the main rank

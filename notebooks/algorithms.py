@@ -31,20 +31,25 @@ results_dir = ""  # root of the run folders ("" = experiments/results; the paper
 smoke = os.environ.get("DPPO_SMOKE") == "1"
 
 # %%
-from pathlib import Path
+from IPython.display import Markdown, display
 
-while not (Path.cwd() / "experiments").is_dir():
-    os.chdir("..")
-from dppo import report
+from dppo import results, studies, tables
 
-layout = report.study_layouts("algorithms", overrides=overrides)["T2"]
-runs = report.run_layout(layout, smoke=smoke, launch=launch, root=results_dir)
-out = report.figures_dir(smoke)
-t2 = report.table_t2(runs, out)  # speed-up of X + DPPO is against X
-t2.round(3)
+layout = studies.study_layouts("algorithms", overrides=overrides)["T2"]
+runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir)
+out = results.figures_dir(smoke)
+t2 = tables.table(runs, studies.T2_BASE, "T2_algorithms", studies.T2_CAPTION, "T2", out)
+display(Markdown((out / "T2_algorithms.md").read_text()))
+
+# %% [markdown]
+# ## What these runs show beside the paper
+# X + DPPO against X (the same algorithm without pruning), computed from the table above.
+
+# %%
+display(Markdown(tables.sentences(t2, studies.T2_BASE, "T2")))
 
 # %%
 assert len(t2) == 6 and (out / "T2_algorithms.md").is_file()
 for alg in ("GRPO", "DAPO", "GSPO"):
-    r = report.load_run(runs[f"{alg} + DPPO"])
+    r = results.load_run(runs[f"{alg} + DPPO"][0])
     assert (r["weights/max"][r["step"] > 0] >= 1.0).all()

@@ -28,24 +28,33 @@ split = "ood"
 smoke = os.environ.get("DPPO_SMOKE") == "1"
 
 # %%
-from pathlib import Path
+from IPython.display import Markdown, display
 
-while not (Path.cwd() / "experiments").is_dir():
-    os.chdir("..")
-from dppo import report
+from dppo import figures, results, studies
+from dppo.case_study import case_study_answers
 
-root = report.results_root(smoke)
-runs = report.runs_of(report.T1_RUNS, root)
+root = results.results_root(smoke)
+runs = {label: dirs[0] for label, dirs in studies.run_dirs(studies.T1_RUNS, seeds=[0], root=root).items()}  # seed 0
 if smoke:
     samples = 4
-    runs = {k: report.run(cfg, root / sub, smoke=True, **over) for k, (cfg, over, sub) in report.T1_RUNS.items()}
-answers = report.case_study_answers(runs, split=split, samples=samples)
+    runs = {label: dirs[0] for label, dirs in results.run_layout(studies.T1_RUNS, smoke=True).items()}
+answers = case_study_answers(runs, split=split, samples=samples)
 answers.to_csv(root / "case_study.csv", index=False)
 answers.head(20)
 
 # %%
-fig = report.figure_f5(answers, out=report.figures_dir(smoke))
+fig = figures.figure_f5(answers, out=results.figures_dir(smoke))
+
+# %% [markdown]
+# ## What this shows beside the paper
+
+# %%
+last = answers[answers["step"] == answers.groupby("method")["step"].transform("max")]
+right = last[last["correct"]].groupby("method")["count"].sum().reindex(list(runs), fill_value=0) / samples
+display(Markdown(f"- Share of correct answers at each method's last checkpoint on this problem (gold "
+                 f"{answers['gold'].iloc[0]}): " + ", ".join(f"{m} {v:.0%}" for m, v in right.items()) +
+                 f".\n- *Paper:* {studies.PAPER['F5']}"))
 
 # %%
 assert set(answers["method"]) == set(runs) and (answers["samples"] == samples).all()
-assert (report.figures_dir(smoke) / "F5_case_study.png").is_file()
+assert (results.figures_dir(smoke) / "F5_case_study.png").is_file()

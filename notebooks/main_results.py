@@ -15,43 +15,54 @@
 
 # %% [markdown]
 # # T1 and F2 — main results: GRPO, GRESO, CPPO and DPPO
-# Trains the four methods from `experiments/cpu/*.yaml` (the same setup; only the pruner differs; DPPO
-# includes Dense Prompt Packing), then writes table T1 (time, speed-up, six splits, average) and figure F2
-# (accuracy and reward against training wall-clock). At paper scale, point `configs` at
-# `experiments/paper/*.yaml` (Qwen3-4B/8B, MATH) on GPUs.
+# Trains the methods from `experiments/cpu/*.yaml` (the same setup; only the pruner differs; DPPO includes Dense
+# Prompt Packing) over several seeds, then writes table T1 (per-split accuracy, average, time, speed-up in wall-clock,
+# CPU time and FLOPs: mean ± 95% CI over seeds, paired by seed) and figure F2 (accuracy and reward against training
+# wall-clock, mean with a 95% band). The estimator and each baseline's rule: `docs/method.md` §2; the speed-up
+# currencies: §5.1. At paper scale, point `configs` at `experiments/paper/*.yaml` (Qwen3-4B/8B, MATH) on GPUs.
 
 # %% tags=["parameters"]
 import os
 
 configs = {}  # {label: yaml} to replace the CPU-scale configs of T1 (e.g. paper scale)
 overrides = {}  # TrainConfig fields applied to every run
+seeds = [0, 1, 2]  # each method is trained once per seed (seed = data, order and sampling streams)
 launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
 results_dir = ""  # root of the run folders ("" = experiments/results; the paper profile: experiments/results/paper/<study>)
 smoke = os.environ.get("DPPO_SMOKE") == "1"
 
 # %%
-from pathlib import Path
+from IPython.display import Markdown, display
 
-while not (Path.cwd() / "experiments").is_dir():
-    os.chdir("..")
-from dppo import report
+from dppo import figures, results, studies, tables
 
-layout = report.study_layouts("main_results", configs=configs, overrides=overrides)["T1"]
-runs = report.run_layout(layout, smoke=smoke, launch=launch, root=results_dir)
-
-# %%
-out = report.figures_dir(smoke)
-t1 = report.table(runs, "GRPO", "T1_main_results", report.T1_CAPTION, "T1", out)
-t1.round(3)
+if smoke:
+    seeds = seeds[:2]  # two seeds still give intervals
+layout = studies.study_layouts("main_results", configs=configs, overrides=overrides)["T1"]
+runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir)
+out = results.figures_dir(smoke)
+t1 = tables.table(runs, "GRPO", "T1_main_results", studies.T1_CAPTION, "T1", out)
+display(Markdown((out / "T1_main_results.md").read_text()))
 
 # %%
-fig = report.figure_f2(runs, out=out)
+fig = figures.figure_f2(runs, out=out)
+
+# %% [markdown]
+# ## What these runs show beside the paper
+# Each line is computed from the table above (intervals over the seeds; a difference whose interval holds 0 is not
+# a difference at this number of seeds).
 
 # %%
-for label, d in runs.items():
-    m = report.load_run(d)
-    assert (d / "final" / "model.safetensors").is_file() and "eval/avg" in m, label
-dppo = report.load_run(runs["DPPO"])
+display(Markdown(tables.sentences(t1, "GRPO", "T1")))
+
+# %%
+for label, dirs in runs.items():
+    for d in dirs:
+        m = results.load_run(d)
+        assert (d / "final" / "model.safetensors").is_file() and "eval/avg" in m, d
+assert t1["seeds"].eq(len(seeds)).all() and t1["speedup_ci"].notna().all()  # intervals over >= 2 seeds
+dppo = results.load_run(runs["DPPO"][0])
 assert (dppo["weights/mean"][dppo["step"] > 0] >= 1.0 - 1e-6).all()  # 1/pi weights are >= 1
 assert all((out / f"{n}.{e}").is_file() for n, e in [("T1_main_results", "csv"), ("T1_main_results", "md"),
+                                                     ("T1_main_results_seeds", "csv"),
                                                      ("F2_training_curves", "png"), ("F2_training_curves", "pdf")])

@@ -30,24 +30,35 @@ smoke = os.environ.get("DPPO_SMOKE") == "1"
 # %%
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
+from IPython.display import Markdown, display
 
-while not (Path.cwd() / "experiments").is_dir():
-    os.chdir("..")
-from dppo import report
+from dppo import figures, results, studies
 
-results_dir = report.results_root(smoke) / "packing"
+results_dir = results.results_root(smoke) / "packing"
 results_dir.mkdir(parents=True, exist_ok=True)
-cmd = [sys.executable, "bench/packing.py", "--csv", str(results_dir / "packing.csv"), "--reps", str(1 if smoke else reps),
+cmd = [sys.executable, str(studies.ROOT / "bench" / "packing.py"), "--csv", str(results_dir / "packing.csv"), "--reps", str(1 if smoke else reps),
        "--capacity", *map(str, capacities[:2] if smoke else capacities)] + (["--smoke"] if smoke else [])
 print(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 bench = pd.read_csv(results_dir / "packing.csv")
 bench
 
 # %%
-fig = report.figure_f4(results_dir, report.results_root(smoke), out=report.figures_dir(smoke))
+fig = figures.figure_f4(results_dir, results.results_root(smoke), out=results.figures_dir(smoke))
+
+# %% [markdown]
+# ## What this shows beside the paper
+
+# %%
+b = bench.set_index("layout")
+best = b["update_tokens_per_s"].idxmax()
+display(Markdown(
+    f"- Valid-token density: padded {b.loc['padded', 'valid_token_density']:.2f}, packed "
+    f"{b.drop('padded')['valid_token_density'].min():.2f}-{b.drop('padded')['valid_token_density'].max():.2f}; loss-token "
+    f"density padded {b.loc['padded', 'loss_token_density']:.2f} vs best {b['loss_token_density'].max():.2f}.\n"
+    f"- Update throughput: {best} is {b.loc[best, 'update_tokens_per_s'] / b.loc['padded', 'update_tokens_per_s']:.2f}x "
+    f"the padded layout.\n- *Paper:* {studies.PAPER['F4']}"))
 
 # %%
 packed = bench[bench["layout"] != "padded"]

@@ -16,67 +16,86 @@
 # %% [markdown]
 # # Every table and figure from stored results (no training)
 # Rebuilds T1-T5 and F1-F5 (docs/method.md §6) from the run folders under `experiments/results/` (or `results`, e.g.
-# results computed on a GPU cluster and copied here) in seconds. Items whose runs are missing are listed
-# and skipped.
+# results computed on a GPU cluster and copied here) in seconds, and shows each. What exists is read from the study
+# registry (`dppo.studies`): each study's runs, seeds, tables and figures. Items whose runs are missing are listed and
+# skipped.
 
 # %% tags=["parameters"]
 import os
 
-results = "experiments/results"
+results_dir = ""  # root of the run folders ("" = experiments/results)
 smoke = os.environ.get("DPPO_SMOKE") == "1"
 
 # %%
 from pathlib import Path
 
 import pandas as pd
+from IPython.display import Image, Markdown, display
 
-while not (Path.cwd() / "experiments").is_dir():
-    os.chdir("..")
-from dppo import report
+from dppo import figures, results, studies, tables
 
-root = report.results_root(True) if smoke else Path(results)
-out = report.figures_dir(smoke)
+root = Path(results_dir) if results_dir else results.results_root(smoke)
+out = results.figures_dir(smoke)
+seeds = {s.name: (s.seeds[:2] if smoke else s.seeds) for s in studies.STUDIES}
 missing = []
 
 
-def have(layout):
-    runs = report.runs_of(layout, root)
-    gone = [str(d) for d in runs.values() if not (d / "metrics.jsonl").is_file()]
+def have(layout, study):
+    """{label: [run folder per seed]} when every run of the layout has metrics, else None (listed as missing)."""
+    runs = studies.run_dirs(layout, seeds[study], root)
+    gone = [str(d) for dirs in runs.values() for d in dirs if not (d / "metrics.jsonl").is_file()]
     missing.extend(gone)
     return runs if not gone else None
 
 
-report.figure_f1(out=out)
-if runs := have(report.T1_RUNS):
-    report.table(runs, "GRPO", "T1_main_results", report.T1_CAPTION, "T1", out)
-    report.figure_f2(runs, out=out)
-if runs := have(report.T2_RUNS):
-    report.table_t2(runs, out)
-if runs := have(report.T3_RUNS):
-    report.table_t3(runs, out)
-if runs := have(report.T4_RUNS):
-    report.table(runs, "GRPO", "T4_ablations", report.SHORT_CAPTION, "T4", out)
-if runs := have(report.T5_RUNS):
-    t5 = report.table(runs, "GRPO", "T5_sensitivity", report.SHORT_CAPTION + f" Grid r_q, r_o in {list(report.T5_RATES)}.",
-                      "T5", out)
-    report.figure_t5(t5, report.T5_RATES, out=out)
+figures.figure_f1(out=out)
+if runs := have(studies.T1_RUNS, "main_results"):
+    tables.table(runs, "GRPO", "T1_main_results", studies.T1_CAPTION, "T1", out)
+    figures.figure_f2(runs, out=out)
+if runs := have(studies.T2_RUNS, "algorithms"):
+    tables.table(runs, studies.T2_BASE, "T2_algorithms", studies.T2_CAPTION, "T2", out)
+if runs := have(studies.T3_RUNS, "scale"):
+    tables.table(runs, studies.T3_BASE, "T3_scale", studies.T3_CAPTION, "T3", out)
+if runs := have(studies.T4_RUNS, "ablations"):
+    tables.table(runs, "GRPO", "T4_ablations", studies.SHORT_CAPTION, "T4", out)
+if runs := have(studies.T5_RUNS, "ablations"):
+    t5 = tables.table(runs, "GRPO", "T5_sensitivity", studies.SHORT_CAPTION + f" Grid r_q, r_o in "
+                      f"{list(studies.T5_RATES)}.", "T5", out)
+    figures.figure_t5(t5, studies.T5_RATES, out=out)
 if (root / "gradient_variance" / "variance.csv").is_file():
-    report.figure_f3(root / "gradient_variance", out=out)
+    figures.figure_f3(root / "gradient_variance", out=out)
 else:
     missing.append(str(root / "gradient_variance"))
 if (root / "packing" / "packing.csv").is_file():
-    report.figure_f4(root / "packing", root, out=out)
+    figures.figure_f4(root / "packing", root, out=out)
 else:
     missing.append(str(root / "packing"))
 if (root / "case_study.csv").is_file():
-    report.figure_f5(pd.read_csv(root / "case_study.csv"), out=out)
+    figures.figure_f5(pd.read_csv(root / "case_study.csv"), out=out)
 else:
     missing.append(str(root / "case_study.csv"))
+import matplotlib.pyplot as plt
+
+plt.close("all")  # shown below, in the registry's order, from the files
 print("missing (skipped):", missing or "none")
-written = sorted(p.name for p in out.iterdir())
-print(written)
+
+# %% [markdown]
+# ## The tables and figures, study by study
 
 # %%
-assert (out / "F1_method_overview.png").is_file()
+for study in studies.STUDIES:
+    display(Markdown(f"### {study.title} (`notebooks/{study.name}.ipynb`)"))
+    for name in study.tables:
+        if (out / f"{name}.md").is_file():
+            display(Markdown((out / f"{name}.md").read_text()))
+    for name in study.figures:
+        if (out / f"{name}.png").is_file():
+            display(Image(filename=str(out / f"{name}.png")))
+display(Markdown("### F1: the method"), Image(filename=str(out / f"{studies.FIGURE_F1}.png")))
+
+# %%
+assert (out / f"{studies.FIGURE_F1}.png").is_file()
 if not smoke:
     assert not missing, missing
+    assert all((out / f"{n}.md").is_file() for s in studies.STUDIES for n in s.tables)
+    assert all((out / f"{n}.png").is_file() for s in studies.STUDIES for n in s.figures)

@@ -17,7 +17,8 @@
 # # T3 — a larger model with and without DPPO
 # The paper adds DPPO to larger models (Qwen3-8B, a ~30B MoE). At CPU scale the larger model is
 # `embedded-large`: the embedded Qwen3 architecture with twice the depth (8 layers, 1.6 M parameters, about
-# twice the parameters as 4B -> 8B), built and warm-started locally with the same recipe. Each model's DPPO
+# twice the parameters as 4B -> 8B), grown from the small one (each new layer starts as the identity) and warm-started further, so
+# it starts where the small one is and moves ahead. Each model's DPPO
 # run is compared with GRPO on the same model, in the short setup of T2/T4/T5. At paper scale pass
 # `overrides={"model_name_or_path": "hf:Qwen/Qwen3-8B", ...}` or the configs under `experiments/paper/`.
 
@@ -31,20 +32,31 @@ results_dir = ""  # root of the run folders ("" = experiments/results; the paper
 smoke = os.environ.get("DPPO_SMOKE") == "1"
 
 # %%
-from pathlib import Path
+from IPython.display import Markdown, display
 
-while not (Path.cwd() / "experiments").is_dir():
-    os.chdir("..")
-from dppo import report
+from dppo import results, studies, tables
 
 if smoke:  # the larger model takes minutes to build: smoke runs use the small one for both rows
     large_model = "embedded"
-layout = report.study_layouts("scale", overrides=overrides, large_model=large_model)["T3"]
-runs = report.run_layout(layout, smoke=smoke, launch=launch, root=results_dir)
-out = report.figures_dir(smoke)
-t3 = report.table_t3(runs, out)
-t3.round(3)
+layout = studies.study_layouts("scale", overrides=overrides, large_model=large_model)["T3"]
+runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir)
+out = results.figures_dir(smoke)
+t3 = tables.table(runs, studies.T3_BASE, "T3_scale", studies.T3_CAPTION, "T3", out)
+display(Markdown((out / "T3_scale.md").read_text()))
+
+# %% [markdown]
+# ## What these runs show beside the paper
+# Before RL the larger model must already be at least as good as the small one (its warm start grows it from the
+# small one: `dppo.model`), so the table compares two sizes, not two recipes. Then each size's DPPO against its GRPO.
+
+# %%
+start = t3["acc/start"]
+display(Markdown(f"- Before RL: {studies.LARGE} {start[f'GRPO, {studies.LARGE}']:.1f}% vs {studies.SMALL} "
+                 f"{start[f'GRPO, {studies.SMALL}']:.1f}% (held-out Pass@1, same problems).\n"
+                 + tables.sentences(t3, studies.T3_BASE, "T3")))
 
 # %%
 assert len(t3) == 4 and (out / "T3_scale.md").is_file()
 assert (t3["speedup"] > 0).all()
+if not smoke:  # the larger model starts ahead (or level)
+    assert start[f"GRPO, {studies.LARGE}"] >= start[f"GRPO, {studies.SMALL}"], start

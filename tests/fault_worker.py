@@ -17,7 +17,7 @@ from dppo.config import TrainConfig
 from dppo.trainer import Trainer
 
 CONFIG = dict(train_size=12, eval_size=2, eval_samples=1, prompts_per_step=3, group_size=4, max_new_tokens=12,
-              max_steps=5, eval_every=2, save_every=1, keep_checkpoints=2, lr=2e-4, pruner="dppo",
+              max_steps=4, eval_every=2, save_every=1, keep_checkpoints=2, lr=2e-4, pruner="dppo",
               prompt_prune_rate=0.5, completion_prune_rate=0.5, packing="shared")
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dppo import report
+from dppo import tables
 from dppo.config import TrainConfig
 from dppo.cost import ModelShape
 from dppo.trainer import Trainer
@@ -39,9 +39,9 @@ def test_each_step_records_cpu_time_and_flops_and_shared_prompts_cost_less(tmp_p
     assert shared["flops/update"] < dense["flops/update"] < none["flops/update"]
 
 
-def _fake_run(path, wall, cpu, flops, acc=0.5):
+def _fake_run(path, wall, cpu, flops, acc=0.5, start=None):
     path.mkdir(parents=True)
-    rows = [{"step": 0, "eval/avg": acc}]
+    rows = [] if start is None else [{"step": 0, "eval/avg": start}]
     rows += [{"step": i, "epoch": i / 2, "timing_s/step": wall / 2, "cpu_s/step": cpu / 2, "flops/step": flops / 2,
               "tokens/generated": 1, "tokens/trained": 1, "kept/prompt_frac": 1.0, "kept/completion_frac": 1.0,
               "density/valid_token": 1.0} for i in (1, 2)]
@@ -53,11 +53,36 @@ def _fake_run(path, wall, cpu, flops, acc=0.5):
 def test_speedups_in_three_currencies_and_a_contended_run_is_flagged(tmp_path):
     # the baseline ran on a busy machine: 2 cores' worth of CPU in 40 s of wall time (0.1 core) -> its wall-clock
     # speed-up over the others is fake, CPU time and FLOPs are not
-    runs = {"GRPO": _fake_run(tmp_path / "a", wall=40.0, cpu=4.0, flops=9e12),
-            "DPPO": _fake_run(tmp_path / "b", wall=2.0, cpu=2.0, flops=3e12),
-            "CPPO": _fake_run(tmp_path / "c", wall=3.0, cpu=3.0, flops=4.5e12)}
-    df = report.compare(runs, "GRPO")
+    runs = {"GRPO": [_fake_run(tmp_path / "a", wall=40.0, cpu=4.0, flops=9e12, start=0.25)],
+            "DPPO": [_fake_run(tmp_path / "b", wall=2.0, cpu=2.0, flops=3e12)],
+            "CPPO": [_fake_run(tmp_path / "c", wall=3.0, cpu=3.0, flops=4.5e12)]}
+    df = tables.per_seed(runs, "GRPO").set_index("label")
     assert df.loc["DPPO", "speedup"] == pytest.approx(20.0)
     assert df.loc["DPPO", "speedup_cpu"] == pytest.approx(2.0)
     assert df.loc["DPPO", "speedup_flops"] == pytest.approx(3.0)
     assert list(df["contended"]) == [True, False, False]
+    assert (df["acc/start"] == 25.0).all()  # runs that skipped step 0 take the baseline's start
+
+
+def test_seeds_are_paired_and_intervals_are_students_t(tmp_path):
+    """Speed-up and gain are per seed against the same seed's baseline; a cell is mean +- t_{.975,n-1} s/sqrt(n)."""
+    walls, accs = [10.0, 12.0, 16.0], [0.30, 0.40, 0.35]
+    runs = {"GRPO": [_fake_run(tmp_path / f"g/seed{s}", wall=w, cpu=w, flops=w, acc=a, start=0.2)
+                     for s, (w, a) in enumerate(zip(walls, accs))],
+            "DPPO": [_fake_run(tmp_path / f"d/seed{s}", wall=w / k, cpu=w / k, flops=w / k, acc=a + 0.02)
+                     for s, (w, a, k) in enumerate(zip(walls, accs, [2.0, 2.5, 3.0]))]}
+    seeds = tables.per_seed(runs, "GRPO")
+    d = seeds[seeds["label"] == "DPPO"]
+    assert list(d["seed"]) == [0, 1, 2] and list(d["speedup"]) == pytest.approx([2.0, 2.5, 3.0])
+    assert list(d["acc_gain"]) == pytest.approx([2.0] * 3)  # paired: the seeds' differences, not the means'
+    summary = tables.aggregate(seeds)
+    assert summary.loc["DPPO", "speedup"] == pytest.approx(2.5)
+    assert summary.loc["DPPO", "speedup_ci"] == pytest.approx(4.302653 * 0.5 / 3**0.5, rel=1e-6)
+    assert summary.loc["DPPO", "acc_gain_ci"] == pytest.approx(0.0, abs=1e-9)
+    assert summary.loc["DPPO", "seeds"] == 3
+    md = tables.markdown(summary)
+    header = md.splitlines()[0]
+    assert "2.50 ± 1.24" in md and "speed-up (FLOPs)" in header and "train_cpu_s" not in header  # paper's columns
+    text = tables.sentences(summary, "GRPO", "T1")
+    assert "2.50x (95% CI 1.26-3.74)" in text and "+2.0 points (95% CI +2.0 to +2.0: better)" in text
+    assert "The paper reports 2.37x" in text and "inside our interval" in text

@@ -79,7 +79,9 @@ def test_variance_matches_closed_form(setup, rate):
         library = closed_form_variance(gram, pruner, history, rewards, adv)["variance"]
         assert library == pytest.approx(closed.item() / N**2, rel=1e-12), name
     # the proportional rule: its completion probabilities depend on which prompts were rolled out, so only the
-    # enumeration over prompt masks is exact; measured against it, and below the uniform rule at the same budget
+    # enumeration over prompt masks is exact; measured against it (two rates: the Monte-Carlo is the slow part)
+    if rate not in (0.5, 0.9):
+        return
     prop = DPPO(prompt_rate=rate, completion_rate=rate, inclusion="proportional", kl_coef=0.1, kl_estimate=0.1)
     exact = closed_form_variance(gram, prop, history, rewards, adv)
     measured = bias_and_variance(coefficients(prop, rewards, history, 6000, seed=1), gram)["variance"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dppo import budget, report
+from dppo import budget, studies
 from dppo.config import ConfigError, TrainConfig
 from dppo.launch import check_launch, train_command
 
@@ -25,9 +25,10 @@ def dry_run() -> str:
 def _paper_runs(study: str) -> dict[str, TrainConfig]:
     params = budget.study_params(study, "paper")
     runs = {}
-    for layout in report.study_layouts(study, **{k: params[k] for k in ("configs", "overrides", "large_model", "rates")
-                                                 if k in params}).values():
-        for cfg, over, sub in layout.values():
+    seeds = params.get("seeds", studies.BY_NAME[study].seeds)
+    for layout in studies.study_layouts(study, **{k: params[k] for k in ("configs", "overrides", "large_model", "rates")
+                                                  if k in params}).values():
+        for cfg, over, sub in (spec for specs in studies.runs_for(layout, seeds).values() for spec in specs):
             out = Path(params["results_dir"]) / sub
             runs[str(out)] = TrainConfig.load(cfg, {**over, "output_dir": str(out)})
     return runs
@@ -54,6 +55,8 @@ def test_paper_runs_keep_two_checkpoints_short_studies_are_short_and_folders_do_
             assert cfg.model_name_or_path.startswith("hf:Qwen/Qwen3-")
             if study == "ablations":
                 assert cfg.epochs <= 3, out
+            if study == "main_results":  # the CPU layout's short setup must not leak into the paper's T1
+                assert cfg.epochs == 15 and cfg.eval_every == 50, out
             assert out not in seen or seen[out] == cfg.to_dict(), f"{out}: two different runs in one folder"
             seen[out] = cfg.to_dict()
     ablation = budget.run_gpu_hours(next(iter(_paper_runs("ablations").values())))

@@ -1,0 +1,218 @@
+"""Figures of the reproduction (docs/method.md §6), each saved as figures/<name>.png and .pdf and returned, so a
+notebook shows it inline. Curves over seeds are the mean with a 95% band (Student's t, as the tables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dppo.results import load_run
+from dppo.studies import FIGURES, RESULTS, T4_RUNS
+from dppo.tables import t_quantile
+
+
+def save_figure(fig, name: str, out: Path = FIGURES) -> list[Path]:
+    """figures/<name>.png and .pdf."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.png", out / f"{name}.pdf"]
+    for p in paths:
+        fig.savefig(p, bbox_inches="tight", dpi=150)
+    return paths
+
+
+def _plt():
+    """pyplot with the project's style. The backend is matplotlib's own choice: inline in a notebook kernel,
+    Agg on a headless machine."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    return plt
+
+
+def band(curves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and 95% half-width over seeds (rows) of equally long curves (half-width 0 for one seed)."""
+    y = np.vstack(curves)
+    n = len(y)
+    half = t_quantile(n - 1) * y.std(axis=0, ddof=1) / np.sqrt(n) if n > 1 else np.zeros(y.shape[1])
+    return y.mean(axis=0), half
+
+
+def figure_f2(runs: dict[str, list[Path]], baseline: str = "GRPO", name: str = "F2_training_curves",
+              out: Path = FIGURES):
+    """Held-out accuracy and training reward against training wall-clock, one line per method: the mean over seeds
+    with a 95% band. Accuracy: at each evaluation (the step-0 point is the baseline's of the same seed when a run
+    skipped it), x = the mean wall-clock of that evaluation. Reward: 15-step moving average, each seed interpolated
+    onto a common wall-clock grid up to the shortest seed's end."""
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for (label, dirs), color in zip(runs.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+        xs, accs, rewards = [], [], []
+        for seed, d in enumerate(dirs):
+            df = load_run(d)
+            ev = df.dropna(subset=["eval/avg"])
+            if not (ev["step"] == 0).any():
+                start = load_run(runs[baseline][seed]).dropna(subset=["eval/avg"]).iloc[:1]
+                ev = pd.concat([start.assign(wall_s=0.0), ev])
+            xs.append(ev["wall_s"].to_numpy() / 60)
+            accs.append(ev["eval/avg"].to_numpy() * 100)
+            train = df[df["step"] > 0]
+            rewards.append((train["wall_s"].to_numpy() / 60, train["reward"].rolling(15, min_periods=1).mean().to_numpy()))
+        k = min(len(a) for a in accs)
+        mean, half = band([a[:k] for a in accs])
+        x = np.mean([v[:k] for v in xs], axis=0)
+        ax1.plot(x, mean, marker="o", ms=3, color=color, label=f"{label} (n={len(dirs)})")
+        ax1.fill_between(x, mean - half, mean + half, color=color, alpha=0.15, lw=0)
+        grid = np.linspace(max(r[0][0] for r in rewards), min(r[0][-1] for r in rewards), 100)
+        mean, half = band([np.interp(grid, t, r) for t, r in rewards])
+        ax2.plot(grid, mean, color=color, label=label)
+        ax2.fill_between(grid, mean - half, mean + half, color=color, alpha=0.15, lw=0)
+    ax1.set(xlabel="training wall-clock (min)", ylabel="Pass@1 (%), mean of 6 splits", title="held-out accuracy")
+    ax2.set(xlabel="training wall-clock (min)", ylabel="mean reward (15-step moving avg)", title="training reward")
+    ax1.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, name, out)
+    return fig
+
+def figure_f3(results_dir: str | Path, name: str = "F3_gradient_variance", out: Path = FIGURES):
+    """Variance (relative to ||grad L||^2) vs rate, measured and closed form; bias in standard errors."""
+    plt = _plt()
+    df = pd.read_csv(Path(results_dir) / "variance.csv")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for est, style in (("DPPO (r_q = r_o = r)", "o-"), ("DPPO prompt only (r_q = r)", "s-"),
+                       ("DPPO completion only (r_o = r)", "^-"), ("DPPO proportional (same budget)", "D-")):
+        d = df[df["estimator"] == est]
+        if d.empty:  # a CSV written before the proportional rule
+            continue
+        ax1.plot(d["rate"], d["variance_rel"], style, label=f"{est}, measured")
+        ax1.plot(d["rate"], d["closed_form_variance"] / d["full_grad_sq"], "k:", lw=1)
+    ax1.plot([], [], "k:", lw=1, label="closed form (docs/method.md §2)")
+    ax1.set(xlabel="pruning rate r", ylabel="tr Cov[grad L_hat] / ||grad L||^2", title="variance")
+    ax1.legend(fontsize=7)
+    norm = df["full_grad_sq"] ** 0.5
+    for est in ("DPPO (r_q = r_o = r)", "DPPO without 1/pi", "CPPO (P = r)"):
+        d = df[(df["estimator"] == est) & (df["rate"] > 0)]
+        ax2.plot(d["rate"], d["bias"] / norm[d.index], "o-", label=est)
+    d = df[(df["estimator"] == "DPPO (r_q = r_o = r)") & (df["rate"] > 0)]
+    ax2.plot(d["rate"], 3 * d["bias_se"] / norm[d.index], "k:", lw=1, label="3 Monte-Carlo s.e. (DPPO)")
+    greso = df[df["estimator"] == "GRESO"]
+    if len(greso):
+        ax2.axhline(float(greso["bias"].iloc[0] / norm[greso.index[0]]), color="gray", ls="--", label="GRESO (no rate)")
+    ax2.set(yscale="log", xlabel="pruning rate r", ylabel="||E[grad L_hat] - grad L|| / ||grad L||",
+            title="bias (DPPO: Monte-Carlo noise only)")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, name, out)
+    return fig
+
+
+def figure_f4(packing_dir: str | Path, results: str | Path = RESULTS, name: str = "F4_packing", out: Path = FIGURES):
+    """Density and update throughput per layout (bench/packing.py), and per-step density of DPPO with and
+    without Dense Prompt Packing (the T4 runs) when those exist."""
+    plt = _plt()
+    bench = pd.read_csv(Path(packing_dir) / "packing.csv")
+    dense = Path(results) / T4_RUNS["DPPO (prompt + completion, 1/pi, packing)"][2] / "seed0"
+    nopack = Path(results) / T4_RUNS["without Dense Prompt Packing"][2] / "seed0"
+    per_step = dense.joinpath("metrics.jsonl").is_file() and nopack.joinpath("metrics.jsonl").is_file()
+    fig, axes = plt.subplots(1, 3 if per_step else 2, figsize=(14 if per_step else 10, 3.6))
+    x = range(len(bench))
+    axes[0].bar([i - 0.2 for i in x], bench["valid_token_density"], 0.4, label="valid tokens / slots")
+    axes[0].bar([i + 0.2 for i in x], bench["loss_token_density"], 0.4, label="loss (completion) tokens / slots")
+    axes[0].axhline(0.95, color="k", ls=":", lw=1, label="0.95 target")
+    axes[0].set(xticks=list(x), ylabel="density", title="token density of one DPPO step's update", ylim=(0, 1.05))
+    axes[0].set_xticklabels(bench["layout"], rotation=20)
+    axes[0].legend(fontsize=7, loc="lower right")
+    axes[1].bar(x, bench["update_tokens_per_s"])
+    axes[1].set(xticks=list(x), ylabel="completion tokens / s (fwd + bwd)", title="update throughput")
+    axes[1].set_xticklabels(bench["layout"], rotation=20)
+    if per_step:
+        for label, d in (("DPPO + Dense Prompt Packing", dense), ("DPPO, padded", nopack)):
+            df = load_run(d)
+            df = df[df["step"] > 0]
+            axes[2].plot(df["epoch"], df["density/valid_token"], label=label)
+        axes[2].set(xlabel="epoch", ylabel="valid-token density", title="per training step", ylim=(0, 1.05))
+        axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, name, out)
+    return fig
+
+
+def figure_f1(name: str = "F1_method_overview", out: Path = FIGURES):
+    """Method overview: the DPPO step as a pipeline (docs/method.md §2-3)."""
+    plt = _plt()
+    from matplotlib.patches import FancyBboxPatch
+
+    boxes = [
+        ("look-ahead window\nof W prompts", "refill: cover prompts until the\nexpected rollout budget is full"),
+        ("prompt stage", "history candidates kept\nw.p. pi_q = 1 - r_q"),
+        ("rollout", "G completions per\nkept prompt"),
+        ("full-group\nadvantages", "A = (r - mean) / (std + eps)\nbefore any completion pruning"),
+        ("completion stage", "small-|A| candidates kept\nw.p. pi_o = 1 - r_o"),
+        ("re-weight", "w = 1 / (pi_q pi_o),\nnormaliser fixed\nbefore the masks"),
+        ("dense packing", "rows of <= C tokens,\nblock-diagonal attention"),
+        ("update", "E[grad L_hat] = grad L\n(unbiased)"),
+    ]
+    fig, ax = plt.subplots(figsize=(20, 3.0))
+    ax.set_xlim(0, len(boxes) * 2)
+    ax.set_ylim(0, 2.2)
+    ax.axis("off")
+    for i, (title, body) in enumerate(boxes):
+        x = i * 2 + 0.1
+        ax.add_patch(FancyBboxPatch((x, 0.2), 1.6, 1.8, boxstyle="round,pad=0.05",
+                                    fc="#dbe9f6" if i in (0, 1, 4, 5, 6) else "#f2f2f2", ec="#333333"))
+        ax.text(x + 0.8, 1.6, title, ha="center", va="center", fontsize=9, weight="bold")
+        ax.text(x + 0.8, 0.8, body, ha="center", va="center", fontsize=7)
+        if i < len(boxes) - 1:
+            ax.annotate("", xy=(x + 2.02, 1.1), xytext=(x + 1.68, 1.1), arrowprops=dict(arrowstyle="->", lw=1.5))
+    ax.set_title("Dynamic Pruning Policy Optimization: one training step (shaded: what DPPO adds to GRPO)")
+    save_figure(fig, name, out)
+    return fig
+
+
+def figure_t5(t5: pd.DataFrame, rates, name: str = "T5_sensitivity_heatmap", out: Path = FIGURES):
+    """Heatmaps of speed-up and accuracy over the r_q x r_o grid."""
+    plt = _plt()
+    import seaborn as sns
+
+    cells = {(rq, ro): t5.loc[f"r_q={rq}, r_o={ro}"] for rq in rates for ro in rates}
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, col, title in ((axes[0], "speedup", "speed-up vs GRPO (x)"), (axes[1], "acc/avg", "Pass@1 avg (%)")):
+        grid = pd.DataFrame([[float(cells[(rq, ro)][col]) for ro in rates] for rq in rates],
+                            index=[f"{r}" for r in rates], columns=[f"{r}" for r in rates])
+        sns.heatmap(grid, annot=True, fmt=".2f" if col == "speedup" else ".1f", cmap="viridis", ax=ax)
+        ax.set(xlabel="completion pruning rate r_o", ylabel="prompt pruning rate r_q", title=title)
+    fig.tight_layout()
+    save_figure(fig, name, out)
+    return fig
+
+
+def figure_f5(answers: pd.DataFrame, name: str = "F5_case_study", out: Path = FIGURES):
+    """Per method: share of each sampled answer at each checkpoint (gold answer in green)."""
+    plt = _plt()
+    methods = list(dict.fromkeys(answers["method"]))
+    fig, axes = plt.subplots(1, len(methods), figsize=(3.4 * len(methods), 3.4), sharey=True, squeeze=False)
+    top = answers.groupby("answer")["count"].sum().sort_values(ascending=False).index[:5].tolist()
+    gold = set(answers.loc[answers["correct"], "answer"])
+    palette = ["tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:pink"]  # green = gold only
+    for ax, m in zip(axes[0], methods):
+        d = answers[answers["method"] == m]
+        steps = sorted(d["step"].unique())
+        bottom = [0.0] * len(steps)
+        labels = top + ["other"]
+        for j, a in enumerate(labels):
+            share = [float(d[(d["step"] == s) & ((d["answer"] == a) if a != "other" else ~d["answer"].isin(top))]
+                           ["count"].sum()) / float(d[d["step"] == s]["samples"].iloc[0]) for s in steps]
+            color = "tab:green" if a in gold else ("lightgray" if a == "other" else palette[j % len(palette)])
+            ax.bar([str(s) for s in steps], share, bottom=bottom, color=color,
+                   label=f"{a} (gold)" if a in gold else a)
+            bottom = [b + x for b, x in zip(bottom, share)]
+        ax.set(title=m, xlabel="training step")
+    axes[0][0].set_ylabel("share of sampled answers")
+    axes[0][-1].legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
+    fig.suptitle("Q: " + answers["question"].iloc[0].replace("\n", " ")[:160] + f"  (gold: {answers['gold'].iloc[0]})",
+                 fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, name, out)
+    return fig

@@ -1,0 +1,114 @@
+"""Training the runs of a study and reading them back (docs/method.md §6). Nothing here trains by itself except
+`run`, which is `dppo train` with a smoke switch and a skip for finished runs.
+
+Train time is the sum of `timing_s/step` (training steps; evaluation excluded), so runs compare on the work they
+do, not on how often they were evaluated; `cpu_s/step` and `flops/step` are the same sums in process CPU time and
+FLOPs (docs/method.md §5.1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from dppo import progress
+from dppo.config import ConfigError, TrainConfig
+from dppo.studies import FIGURES, RESULTS, ROOT, runs_for
+from dppo.trainer import Trainer, read_metrics
+
+SPLITS = ("level1", "level2", "level3", "level4", "level5", "ood")
+# A study notebook at smoke size (tests): seconds per run.
+SMOKE = dict(train_size=24, epochs=1, max_steps=2, eval_size=4, eval_samples=1, eval_every=1000, save_every=1000,
+             prompts_per_step=8, group_size=4)
+
+
+def results_root(smoke: bool = False) -> Path:
+    return RESULTS / "smoke" if smoke else RESULTS
+
+
+def figures_dir(smoke: bool = False) -> Path:
+    """Where tables and figures go: figures/, or a scratch folder for smoke (test) runs."""
+    return RESULTS / "smoke" / "figures" if smoke else FIGURES
+
+
+def run(config: str | Path, output_dir: str | Path, smoke: bool = False, launch: dict | None = None,
+        **overrides) -> Path:
+    """Train `config` (YAML; relative paths from the repository) into `output_dir` with field overrides; `smoke`
+    shrinks it to seconds. In this process, or, with `launch` ({accelerate_config, num_processes}; `dppo.launch`),
+    as its own `accelerate launch` over the local GPUs. A finished run (its `final/` exists and its config is
+    unchanged) is not trained again; a folder holding another config is started over, never resumed."""
+    fields = {**(SMOKE if smoke else {}), **overrides, "output_dir": str(output_dir)}
+    cfg = TrainConfig.load(ROOT / config, fields)
+    out = Path(output_dir)
+    before = _saved_config(out)
+    same = before is not None and dataclasses.replace(before, resume=cfg.resume) == cfg
+    if (out / "final").is_dir() and same:
+        return out
+    if not same:
+        cfg = dataclasses.replace(cfg, resume=False)
+    if launch:
+        from dppo.launch import launch_run
+
+        launch_run(cfg, launch)
+    else:
+        Trainer(cfg).fit()
+    return out
+
+
+def _saved_config(out: Path) -> TrainConfig | None:
+    """The config a run folder was made with (None: no run, or one of an older dppo that no longer loads)."""
+    try:
+        return TrainConfig.load(out / "config.yaml") if (out / "config.yaml").is_file() else None
+    except ConfigError:
+        return None
+
+
+def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | None = None,
+               root: str | Path = "") -> dict[str, list[Path]]:
+    """Train every run of a study layout (`dppo.studies`) for every seed under `root` (default
+    `results_root(smoke)`; finished runs are skipped); {label: [run folder per seed]}. Each run is announced on
+    the progress file (`dppo.progress`) with its position and, when done, its time."""
+    root = Path(root) if root else results_root(smoke)
+    todo = [(label, cfg, over, root / sub) for label, specs in runs_for(layout, seeds).items() for cfg, over, sub in specs]
+    out: dict[str, list[Path]] = {}
+    t_start = time.perf_counter()
+    for i, (label, cfg, over, folder) in enumerate(todo, 1):
+        spent = time.perf_counter() - t_start
+        eta = f", about {spent / (i - 1) * (len(todo) - i + 1) / 60:.0f} min left in this layout" if i > 1 else ""
+        progress.note(f"run {i}/{len(todo)}: {label}, seed {over['seed']} -> {folder.relative_to(root)}{eta}")
+        t0 = time.perf_counter()
+        out.setdefault(label, []).append(run(cfg, folder, smoke=smoke, launch=launch, **over))
+        progress.note(f"run {i}/{len(todo)} done in {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+def load_run(run_dir: str | Path) -> pd.DataFrame:
+    """metrics.jsonl as a frame, with `wall_s` = cumulative training seconds at the end of each step."""
+    df = pd.DataFrame(read_metrics(Path(run_dir) / "metrics.jsonl"))
+    df["wall_s"] = df.get("timing_s/step", pd.Series(0.0, index=df.index)).fillna(0.0).cumsum()
+    return df
+
+
+def summarize(run_dir: str | Path) -> dict:
+    """One row: final accuracy per split and average, the step-0 accuracy (NaN when the run skipped it), train
+    seconds / CPU seconds / FLOPs, steps, epochs, tokens, kept fractions."""
+    df = load_run(run_dir)
+    evals = df.dropna(subset=["eval/avg"])
+    train = df[df["step"] > 0]
+    start = evals[evals["step"] == 0]
+    row = {f"acc/{s}": evals.iloc[-1].get(f"eval/{s}") for s in SPLITS if f"eval/{s}" in evals}
+    row.update({
+        "acc/avg": evals.iloc[-1]["eval/avg"], "acc/start": start["eval/avg"].iloc[0] if len(start) else float("nan"),
+        "train_s": float(train["timing_s/step"].sum()), "steps": int(train["step"].max()),
+        "train_cpu_s": float(train["cpu_s/step"].sum()) if "cpu_s/step" in train else float("nan"),
+        "train_flops": float(train["flops/step"].sum()) if "flops/step" in train else float("nan"),
+        "epochs": float(train["epoch"].max()), "tokens/generated": int(train["tokens/generated"].sum()),
+        "tokens/trained": int(train["tokens/trained"].sum()),
+        "kept/prompt_frac": float(train["kept/prompt_frac"].mean()),
+        "kept/completion_frac": float(train["kept/completion_frac"].mean()),
+        "density/valid_token": float(train["density/valid_token"].mean()),
+    })
+    return row

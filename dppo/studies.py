@@ -1,0 +1,172 @@
+"""The registry of the reproduction (docs/method.md §6): every study, its notebook, the runs it trains, and the tables
+and figures it writes. `./reproduce.sh` (`python -m dppo.studies`), the study notebooks, `paper_figures` and the
+dry run (`dppo.budget`) all read it, so adding a study is one entry here plus its notebook.
+
+A run layout maps a row label to (YAML config, field overrides, run folder under the results root). `runs_for`
+expands a layout over seeds: seed s trains `<folder>/seed<s>` with `seed: s` (its own training and held-out problems
+and sampling streams; every method of one seed sees the same data in the same order, so comparisons are paired).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# Paths resolve from the package, so notebooks run from anywhere (an editable install inside the repository);
+# a copy of dppo outside a checkout falls back to the working directory.
+_REPO = Path(__file__).resolve().parents[1]
+ROOT = _REPO if (_REPO / "experiments").is_dir() else Path.cwd()
+RESULTS = ROOT / "experiments" / "results"
+FIGURES = ROOT / "figures"
+
+
+@dataclass(frozen=True)
+class Study:
+    """One notebook of the reproduction and what it regenerates."""
+
+    name: str  # notebooks/<name>.ipynb, and the run folders' subdirectory
+    title: str
+    tables: tuple[str, ...] = ()
+    figures: tuple[str, ...] = ()
+    seeds: tuple[int, ...] = (0,)  # default seeds of the CPU profile
+
+
+# In the order ./reproduce.sh runs them (case_study reads main_results' checkpoints; paper_figures comes last).
+STUDIES = (
+    Study("main_results", "T1 and F2: GRPO, GRESO, CPPO and DPPO", ("T1_main_results",), ("F2_training_curves",),
+          seeds=(0, 1, 2)),
+    Study("algorithms", "T2: GRPO, DAPO and GSPO with and without DPPO", ("T2_algorithms",)),
+    Study("scale", "T3: a larger model with and without DPPO", ("T3_scale",)),
+    Study("ablations", "T4 and T5: ablations and the r_q x r_o grid", ("T4_ablations", "T5_sensitivity"),
+          ("T5_sensitivity_heatmap",)),
+    Study("gradient_variance", "F3: gradient variance and bias against the pruning rates", (),
+          ("F3_gradient_variance",)),
+    Study("packing", "F4: Dense Prompt Packing", (), ("F4_packing",)),
+    Study("case_study", "F5: one problem, each method's answers over training", (), ("F5_case_study",)),
+)
+BY_NAME = {s.name: s for s in STUDIES}
+FIGURE_F1 = "F1_method_overview"  # drawn by paper_figures itself (no runs)
+
+# What the paper reports (Qwen3, MATH, 8xH100, verl + vLLM; docs/method.md §1), printed beside our numbers.
+PAPER = {
+    "T1": "Qwen3-4B on MATH: DPPO 2.37x training speed-up over GRPO and +3.36 points average accuracy "
+          "(GRESO and CPPO faster than GRPO but less accurate than DPPO).",
+    "T2": "1.64x-2.45x speed-up across GRPO / DAPO / GSPO with DPPO on Qwen3-4B/8B, accuracy kept or improved.",
+    "T3": "Up to +4.19 points on the largest model; up to 4.87x speed-up on the MoE model (Qwen3-30B-A3B).",
+    "T4": "Both pruning levels contribute; removing the 1/pi re-weighting or Dense Prompt Packing hurts "
+          "accuracy or speed respectively.",
+    "T5": "Gradient variance bounded for r_q, r_o <= 0.7 and modestly higher at r_q = r_o = 0.9; speed-up grows "
+          "with the rates.",
+    "F3": "Variance bounded for r <= 0.7, modestly higher at 0.9; CPPO / GRESO estimates are biased.",
+    "F4": "Dense Prompt Packing keeps batches full of valid tokens after pruning.",
+    "F5": "Cauchy-Schwarz case study: CPPO and GRESO converge to the wrong answer 1/2, DPPO finds 55.",
+}
+PAPER_SPEEDUP = {"T1": 2.37}
+PAPER_GAIN = {"T1": 3.36}
+
+# ------------------------------------------------------------------ layouts
+# Runs that skip the step-0 evaluation: a baseline of the same seed evaluates the same initial model on the same
+# problems with the same sampling seed (identical numbers), so the tables take acc/start from it.
+_NO_START = {"eval_before_train": False}
+# T1: 256 problems x 3 epochs = 48 steps of 16 prompts x 8 completions, evaluated at steps 24 and 48, over 3 seeds
+# (the YAML files' 1000 problems take 188 steps: 15 runs of that would not fit ./reproduce.sh's hour). Every
+# checkpoint of seed 0 stays for the case study (F5).
+T1_SETUP = {"train_size": 256, "epochs": 3, "eval_every": 24, "keep_checkpoints": 10, "save_every": 12}
+_G, _D, _P = "experiments/cpu/grpo.yaml", "experiments/cpu/dppo.yaml", "experiments/cpu/dppo_proportional.yaml"
+T1_RUNS = {
+    "GRPO": (_G, T1_SETUP, "main_results/grpo"),
+    "GRESO": ("experiments/cpu/greso.yaml", {**T1_SETUP, **_NO_START}, "main_results/greso"),
+    "CPPO": ("experiments/cpu/cppo.yaml", {**T1_SETUP, **_NO_START}, "main_results/cppo"),
+    "DPPO": (_D, {**T1_SETUP, **_NO_START}, "main_results/dppo"),
+    "DPPO, proportional": (_P, {**T1_SETUP, **_NO_START}, "main_results/dppo_proportional"),
+}
+# T2-T5 share short runs (256 problems x 2 epochs = 32 steps: the second epoch is where the prompt stage has
+# history to prune with), so each is about a minute on 2 CPU cores.
+SHORT = {"train_size": 256, "epochs": 2, "eval_every": 1000}
+_SHORT_DPPO = {**SHORT, **_NO_START}
+_ON = {"GRPO": (_G, SHORT, "short/grpo"), "DPPO": (_D, _SHORT_DPPO, "short/dppo")}  # on-policy short runs, shared
+# T2 runs off-policy (4 minibatch updates per step, as verl's PPO mini-batches): on-policy, the sequence-level
+# ratio of GSPO and GRPO's token ratios are both 1 and their gradients coincide, so GSPO would equal GRPO. GRPO's
+# step-0 evaluation stands for all six (the algorithm does not change the initial model or its sampling).
+T2_RUNS = {f"{alg.upper()}{' + DPPO' if d else ''}": (
+    _D if d else _G, {**SHORT, "algorithm": alg, "num_minibatches": 4, **({} if (alg, d) == ("grpo", False) else _NO_START)},
+    f"short/mb4_{alg}{'_dppo' if d else ''}") for alg in ("grpo", "dapo", "gspo") for d in (False, True)}
+T4_RUNS = {
+    "GRPO": _ON["GRPO"],
+    "DPPO (prompt + completion, 1/pi, packing)": _ON["DPPO"],
+    "prompt stage only": (_D, {**_SHORT_DPPO, "completion_prune_rate": 0.0}, "short/dppo_prompt_only"),
+    "completion stage only": (_D, {**_SHORT_DPPO, "prompt_prune_rate": 0.0}, "short/dppo_completion_only"),
+    "without 1/pi weights": (_D, {**_SHORT_DPPO, "pruner": "dppo_biased"}, "short/dppo_biased"),
+    "without Dense Prompt Packing": (_D, {**_SHORT_DPPO, "packing": "none", "refill": "none"}, "short/dppo_nopack"),
+    "proportional inclusion (same budget)": (_P, _SHORT_DPPO, "short/dppo_proportional"),
+}
+T5_RATES = (0.3, 0.5, 0.7)
+
+
+def t5_runs(rates=T5_RATES) -> dict:
+    """T5 layout: GRPO and DPPO at every (r_q, r_o) of the grid."""
+    return {"GRPO": _ON["GRPO"], **{
+        f"r_q={rq}, r_o={ro}": (_D, {**_SHORT_DPPO, "prompt_prune_rate": rq, "completion_prune_rate": ro},
+                                "short/dppo" if (rq, ro) == (0.5, 0.5) else f"short/dppo_rq{rq}_ro{ro}")
+        for rq in rates for ro in rates}}
+
+
+T5_RUNS = t5_runs()
+SMALL, LARGE = "embedded (0.8 M)", "embedded-large (1.6 M)"
+T3_RUNS = {
+    f"GRPO, {SMALL}": _ON["GRPO"],
+    f"DPPO, {SMALL}": _ON["DPPO"],
+    f"GRPO, {LARGE}": (_G, {**SHORT, "model_name_or_path": "embedded-large"}, "short/grpo_large"),
+    f"DPPO, {LARGE}": (_D, {**_SHORT_DPPO, "model_name_or_path": "embedded-large"}, "short/dppo_large"),
+}
+# Which baseline each row is compared with (speed-up, accuracy gain, and acc/start when the row skipped step 0).
+T2_BASE = {label: label.removesuffix(" + DPPO") for label in T2_RUNS}
+T3_BASE = {label: f"GRPO, {label.split(', ', 1)[1]}" for label in T3_RUNS}
+
+SHORT_CAPTION = ("CPU scale, short runs: embedded model, 256 training problems x 2 epochs (32 steps of 16 prompts x 8 "
+                 "completions), 2 CPU cores; accuracy = final Pass@1 (%) over 6 held-out splits (64 problems x 4 "
+                 "samples); speed-up vs GRPO in training-step time.")
+T2_CAPTION = SHORT_CAPTION + (" T2 runs are off-policy: 4 minibatch updates per step (on-policy, GSPO's gradient "
+                              "equals GRPO's). Speed-up and gain of X + DPPO are against X.")
+T3_CAPTION = SHORT_CAPTION.replace("embedded model", "embedded (0.8 M) and embedded-large (1.6 M, twice the depth, grown "
+                                   "from the small one) models") + \
+    " Speed-up and gain of DPPO are against GRPO on the same model."
+T1_CAPTION = ("Main results at CPU scale: embedded Qwen3-architecture model (0.8 M parameters), synthetic math task "
+              "(256 training problems x 3 epochs = 48 steps of 16 prompts x 8 completions, 2 CPU cores). "
+              "Accuracy: final Pass@1 (%) over 6 held-out splits (64 problems x 4 samples each); time: "
+              "training-step minutes (evaluation excluded); speed-up vs GRPO at equal epochs, paired by seed.")
+
+
+def study_layouts(study: str, configs: dict | None = None, overrides: dict | None = None,
+                  large_model: str = "embedded-large", rates=T5_RATES) -> dict[str, dict]:
+    """{table: layout} that a study notebook trains, from its papermill parameters (`configs` replaces T1's YAML
+    files by label, `overrides` applies to every run, `large_model` is T3's larger model, `rates` T5's grid)."""
+    configs, overrides = configs or {}, overrides or {}
+
+    def apply(layout: dict, extra=lambda sub: {}) -> dict:
+        return {k: (configs.get(k, cfg), {**over, **overrides, **extra(sub)}, sub) for k, (cfg, over, sub) in layout.items()}
+    if study == "main_results":
+        return {"T1": apply(T1_RUNS)}
+    if study == "algorithms":
+        return {"T2": apply(T2_RUNS)}
+    if study == "scale":
+        return {"T3": apply(T3_RUNS, lambda sub: {"model_name_or_path": large_model} if "large" in sub else {})}
+    if study == "ablations":
+        return {"T4": apply(T4_RUNS), "T5": apply(t5_runs(rates))}
+    return {}
+
+
+def runs_for(layout: dict, seeds=(0,)) -> dict[str, list[tuple[str, dict, str]]]:
+    """{label: [(config, overrides, folder) per seed]}: seed s adds `seed: s` and trains into `<folder>/seed<s>`."""
+    return {label: [(cfg, {**over, "seed": s}, f"{sub}/seed{s}") for s in seeds]
+            for label, (cfg, over, sub) in layout.items()}
+
+
+def run_dirs(layout: dict, seeds=(0,), root: str | Path = RESULTS) -> dict[str, list[Path]]:
+    """{label: [run folder per seed]} of a layout under a results root."""
+    return {label: [Path(root) / sub for _, _, sub in specs] for label, specs in runs_for(layout, seeds).items()}
+
+
+if __name__ == "__main__":  # ./reproduce.sh: the study names, in order
+    sys.stdout.write("\n".join(s.name for s in STUDIES) + "\n")
