@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from dppo import progress
+
 # Everything that determines the embedded model; its hash names the cache directory.
 EMBEDDED_SPEC = {
     "version": 1,
@@ -167,6 +169,7 @@ def embedded_model_dir(spec: dict = EMBEDDED_SPEC, rebuild: bool = False) -> Pat
         return out
     source = embedded_model_dir(EMBEDDED_SPECS[spec["grow_from"]]) if "grow_from" in spec else None
     t0 = time.perf_counter()
+    progress.note(f"building the embedded model {out.name} ({spec['sft']['steps']} warm-start steps; cached afterwards)")
     model, tok = build_untrained(spec)
     if source:
         grow_depth(load_policy(str(source))[0], model)

@@ -13,12 +13,14 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from transformers.utils import logging as hf_logging
 
 from dppo import progress
 from dppo.config import ConfigError, TrainConfig
 from dppo.studies import FIGURES, RESULTS, ROOT, runs_for
 from dppo.trainer import Trainer, read_metrics
 
+hf_logging.disable_progress_bar()  # a study shows one bar per run, not transformers' per-load and per-save bars
 SPLITS = ("level1", "level2", "level3", "level4", "level5", "ood")
 # A study notebook at smoke size (tests): seconds per run.
 SMOKE = dict(train_size=24, epochs=1, max_steps=2, eval_size=4, eval_samples=1, eval_every=1000, save_every=1000,
@@ -74,13 +76,15 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
     root = Path(root) if root else results_root(smoke)
     todo = [(label, cfg, over, root / sub) for label, specs in runs_for(layout, seeds).items() for cfg, over, sub in specs]
     out: dict[str, list[Path]] = {}
-    t_start = time.perf_counter()
+    trained: list[float] = []  # seconds of the runs trained so far (finished runs found on disk take ~0 s)
     for i, (label, cfg, over, folder) in enumerate(todo, 1):
-        spent = time.perf_counter() - t_start
-        eta = f", about {spent / (i - 1) * (len(todo) - i + 1) / 60:.0f} min left in this layout" if i > 1 else ""
+        eta = f", about {sum(trained) / len(trained) * (len(todo) - i + 1) / 60:.0f} min left" if trained else ""
         progress.note(f"run {i}/{len(todo)}: {label}, seed {over['seed']} -> {folder.relative_to(root)}{eta}")
         t0 = time.perf_counter()
+        done = (folder / "final").is_dir()
         out.setdefault(label, []).append(run(cfg, folder, smoke=smoke, launch=launch, **over))
+        if not done:
+            trained.append(time.perf_counter() - t0)
         progress.note(f"run {i}/{len(todo)} done in {time.perf_counter() - t0:.0f} s")
     return out
 

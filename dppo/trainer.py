@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import random
 import shutil
@@ -45,6 +46,18 @@ from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config
 from dppo.runfiles import (RunError, RunWarning, acquire_lock, check_output_dir, checkpoint_state, config_changes,
                            json_line, read_jsonl_prefix, release_lock, write_atomic)
 from dppo.scoring import TokenLogprobs, completion_logprobs, pad_completions
+
+
+class _TiedHeadSaveNote(logging.Filter):
+    """accelerate warns at every checkpoint that it stored the tied lm_head once (as the embedding): expected here,
+    and the reload ties it back (docs/method.md §4.3), so the line is dropped from the run's output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not ("Removed shared tensor" in msg and "lm_head" in msg)
+
+
+logging.getLogger("accelerate.utils.other").addFilter(_TiedHeadSaveNote())
 
 
 def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]]:

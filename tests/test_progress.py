@@ -14,7 +14,7 @@ def test_run_layout_writes_run_and_step_progress_per_seed(tmp_path, monkeypatch)
     assert all((d / "final" / "model.safetensors").is_file() for d in runs["GRPO"])
     lines = log.read_text().splitlines()
     assert any("run 1/2: GRPO, seed 0 -> main_results/grpo/seed0" in ln for ln in lines), lines
-    assert any("run 2/2: GRPO, seed 1" in ln and "min left" in ln for ln in lines), lines
+    assert any("run 2/2: GRPO, seed 1" in ln and "min left" in ln for ln in lines), lines  # ETA from run 1
     steps = [ln for ln in lines if "grpo/seed1: step 2 |" in ln]
     assert steps and "<" in steps[-1] and ("prompt/s" in steps[-1] or "s/prompt" in steps[-1]), lines  # ETA, rate
     assert sum("done in" in ln for ln in lines) == 2
