@@ -56,8 +56,8 @@ fig = figures.figure_t5(t5, rates, out=out)
 full = "DPPO (prompt + completion, 1/pi, packing)"
 sp = t4["speedup"]
 display(Markdown(
-    f"- Speed-up of the full method {sp[full]:.2f}x = prompt stage alone {sp['prompt stage only']:.2f}x and "
-    f"completion stage alone {sp['completion stage only']:.2f}x combined; without Dense Prompt Packing "
+    f"- Speed-up of the full method {sp[full]:.2f}x; prompt stage alone {sp['prompt stage only']:.2f}x, "
+    f"completion stage alone {sp['completion stage only']:.2f}x; without Dense Prompt Packing "
     f"{sp['without Dense Prompt Packing']:.2f}x.\n"
     f"- Grid: speed-up from {t5['speedup'].drop('GRPO').min():.2f}x to {t5['speedup'].drop('GRPO').max():.2f}x "
     f"(highest at {t5['speedup'].drop('GRPO').idxmax()}).\n" + tables.sentences(t4, "GRPO", "T4")))
