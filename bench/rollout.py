@@ -1,9 +1,13 @@
-"""Rollout tokens/s, transformers `generate` vs vLLM, side by side in one run (the contenders alternate, so a
-busy machine slows both alike). Needs vLLM: run it in the vLLM environment,
+"""Rollout tokens/s side by side in one run: transformers `generate`, dppo's sampler (`HFRollout`:
+`dppo.rollout.sample_compacting`, each prompt prefilled once, finished rows dropped) and, where vLLM is
+installed, vLLM. The contenders alternate, so a busy machine slows all alike.
 
-    bash scripts/bootstrap.sh vllm && .venv-vllm/bin/python bench/rollout.py [--rounds 3]
+    python bench/rollout.py [--rounds 5]                                  # generate vs dppo's sampler
+    bash scripts/bootstrap.sh vllm && .venv-vllm/bin/python bench/rollout.py   # ... and vLLM
 
-on the embedded model and on a wider random-init Qwen3 (hidden 512, 8 layers, same tokenizer).
+on the embedded model and on a wider random-init Qwen3 (hidden 512, 8 layers, same tokenizer). Each round
+samples the same prompts with the same seed for every contender (the completions differ: the samplers draw
+differently), so tokens/s, not time per call, is compared.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import torch
 from dppo.model import EMBEDDED_SPEC, load_policy, resolve_model_path
 from dppo.rollout import HFRollout, SamplingParams
 from dppo.task import make_train
-from dppo.vllm_rollout import VLLMRollout
 
 
 def wider_qwen3(tok, out: Path) -> str:
@@ -35,42 +38,83 @@ def wider_qwen3(tok, out: Path) -> str:
     return str(out)
 
 
+class TransformersGenerate:
+    """The baseline: one `generate` call per batch (left-padded, KV-cached, sampling; finished rows stay in the
+    batch until the longest ends, every row prefills its prompt)."""
+
+    def __init__(self, model, tok):
+        self.model, self.tok = model, tok
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], params: SamplingParams) -> int:
+        from transformers import GenerationConfig
+
+        tok = self.tok
+        rows = [ids for ids in tok(prompts, add_special_tokens=False)["input_ids"] for _ in range(params.n)]
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), tok.pad_token_id)
+        attn = torch.zeros_like(ids)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):], attn[i, width - len(r):] = torch.tensor(r), 1
+        g = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=GenerationConfig(
+            do_sample=True, temperature=params.temperature, max_new_tokens=params.max_new_tokens,
+            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id))
+        new = g[:, width:]
+        ended = (new == tok.eos_token_id).int()
+        return int(torch.where(ended.any(1), ended.argmax(1) + 1, new.shape[1]).sum())  # tokens up to EOS
+
+
 def tokens_per_s(engine, prompts, params) -> float:
     t0 = time.perf_counter()
-    batch = engine.generate(prompts, params)
-    return batch.num_tokens / (time.perf_counter() - t0)
+    out = engine.generate(prompts, params)
+    return (out if isinstance(out, int) else out.num_tokens) / (time.perf_counter() - t0)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max_new_tokens", type=int, default=64)
     args = ap.parse_args()
-    prompts = [p.prompt for p in make_train(args.prompts, seed=0)]
+    try:
+        from dppo.vllm_rollout import VLLMRollout
+        import vllm  # noqa: F401
+    except ImportError:
+        VLLMRollout = None
+    prompts = [p.prompt for p in make_train(args.prompts * args.rounds, seed=0)]
     params = SamplingParams(n=args.n, max_new_tokens=args.max_new_tokens)
     _, tok = load_policy("embedded")
     models = {"embedded (0.8 M)": resolve_model_path("embedded"),
               "random Qwen3, hidden 512 x 8 layers": wider_qwen3(tok, Path(tempfile.mkdtemp()))}
     print(f"{args.prompts} prompts x {args.n} completions, <= {args.max_new_tokens} new tokens, "
-          f"{args.rounds} alternating rounds, {torch.get_num_threads()} threads")
-    print("| model | hf tok/s | vllm tok/s | vllm / hf |\n| --- | --- | --- | --- |")
+          f"{args.rounds} alternating rounds, {torch.get_num_threads()} threads; tok/s: median over rounds")
+    cols = ["generate", "dppo"] + (["vllm"] if VLLMRollout else [])
+    print("| model | " + " | ".join(f"{c} tok/s" for c in cols) + " | dppo / generate |"
+          + (" vllm / dppo |" if VLLMRollout else ""))
+    print("| --- " * (len(cols) + 2 + bool(VLLMRollout)) + "|")
     for name, path in models.items():
         model, tok = load_policy(path)
-        hf = HFRollout(model, tok, batch_size=256)
-        vllm = VLLMRollout(path, tok, max_model_len=160 + args.max_new_tokens)
-        for engine in (hf, vllm):  # warm-up
+        model.eval()
+        engines = {"generate": TransformersGenerate(model, tok), "dppo": HFRollout(model, tok, batch_size=256)}
+        if VLLMRollout:
+            engines["vllm"] = VLLMRollout(path, tok, max_model_len=160 + args.max_new_tokens)
+        for engine in engines.values():  # warm-up
             engine.generate(prompts[:2], SamplingParams(n=2, max_new_tokens=8))
-        speeds = {"hf": [], "vllm": []}
-        for _ in range(args.rounds):
-            for label, engine in (("hf", hf), ("vllm", vllm)):
-                torch.manual_seed(0)
-                speeds[label].append(tokens_per_s(engine, prompts, params))
-        ratios = [v / h for v, h in zip(speeds["vllm"], speeds["hf"])]
-        print(f"| {name} | {statistics.median(speeds['hf']):,.0f} | {statistics.median(speeds['vllm']):,.0f} | "
-              f"{statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f}) |")
-        del vllm
+        speeds = {label: [] for label in engines}
+        for r in range(args.rounds):
+            batch = prompts[r * args.prompts:(r + 1) * args.prompts]
+            for label, engine in engines.items():
+                torch.manual_seed(r)
+                speeds[label].append(tokens_per_s(engine, batch, params))
+
+        def ratio(a: str, b: str) -> str:
+            rs = [x / y for x, y in zip(speeds[a], speeds[b])]
+            return f"{statistics.median(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f})"
+
+        print(f"| {name} | " + " | ".join(f"{statistics.median(speeds[c]):,.0f}" for c in cols)
+              + f" | {ratio('dppo', 'generate')} |" + (f" {ratio('vllm', 'dppo')} |" if VLLMRollout else ""))
+        engines.pop("vllm", None)
 
 
 if __name__ == "__main__":

@@ -38,12 +38,16 @@ class ModelShape:
         vocabulary logits of `logit_tokens` tokens."""
         return 2 * self.body_params * slots + 4 * self.layers * self.q_dim * pairs + 2 * self.vocab * self.hidden * logit_tokens
 
-    def generation(self, prompt_lengths: list[int], completion_lengths: list[int]) -> float:
-        """FLOPs of sampling each completion after its prompt with a KV cache (each row's prompt computed for it):
-        every token a forward, token i attending to the i tokens before it and itself, a logit row per
-        generated token."""
-        tokens = sum(p + c for p, c in zip(prompt_lengths, completion_lengths))
-        pairs = sum((p + c) * (p + c + 1) / 2 for p, c in zip(prompt_lengths, completion_lengths))
+    def generation(self, prompt_lengths: list[int], completion_lengths: list[int], group_size: int = 1) -> float:
+        """FLOPs of sampling each completion after its prompt with a KV cache, rows r = group_size·b + i sharing
+        prompt b: the prompt is computed once per group (prefilled once, its cache shared by the group's
+        completions, as `rollout.sample_compacting` and vLLM's prefix cache do), every completion token is a
+        forward attending to the prompt and its own tokens so far, and each generated token takes a logit row:
+        Σ_b p_b + Σ_r c_r token slots, Σ_b p_b(p_b + 1)/2 + Σ_r (c_r p_r + c_r(c_r + 1)/2) pairs."""
+        heads = prompt_lengths[::group_size]  # one row per group
+        tokens = sum(heads) + sum(completion_lengths)
+        pairs = (sum(p * (p + 1) / 2 for p in heads)
+                 + sum(c * p + c * (c + 1) / 2 for p, c in zip(prompt_lengths, completion_lengths)))
         return self.forward(tokens, pairs, sum(completion_lengths))
 
 

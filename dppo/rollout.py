@@ -1,7 +1,7 @@
 """Rollout: prompts -> G sampled completions each, with their sampling log-probs.
 
-The trainer talks only to `RolloutEngine`; the transformers `generate` backend below samples from
-the training model itself (so weight sync is a no-op); `dppo.vllm_rollout` implements the same two methods
+The trainer talks only to `RolloutEngine`; the transformers backend below (`sample_compacting`, a KV-cached
+sampling loop that drops finished rows) samples from the training model itself (so weight sync is a no-op); `dppo.vllm_rollout` implements the same two methods
 on vLLM, with the weights pushed after every optimizer step.
 
 Sampling log-probs (returned when `SamplingParams.logprobs`) are those of the tempered, untruncated
@@ -11,6 +11,7 @@ recomputes; only the sampled token's value is kept, never a step's full-vocabula
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,32 +58,99 @@ class RolloutEngine(Protocol):
     def sync_weights(self, model: torch.nn.Module) -> None: ...
 
 
-class SampledLogprobs:
-    """A logits processor that keeps only the sampled token's log softmax(logits / temperature): at each step
-    it reads the previous step's row at the token just sampled (the last input id), so it holds one [n, V]
-    row block at a time instead of every step's full-vocabulary logits. Custom processors run before
-    generate's temperature / top-k / top-p warpers, so `scores` are the untempered logits."""
+def filter_logits(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """[n, V] tempered log-probs -> the same with tokens outside the top-k, then outside the top-p nucleus (the
+    smallest set of most likely tokens whose mass reaches top_p, renormalised after top-k), set to -inf. The order
+    and the rule are transformers' TopK then TopP warpers; top_k 0 and top_p 1 are off."""
+    if top_k > 0 and top_k < logp.shape[-1]:
+        kth = torch.topk(logp, top_k, dim=-1).values[:, -1:]
+        logp = logp.masked_fill(logp < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logp, order = torch.sort(logp, dim=-1, descending=True)
+        probs = sorted_logp.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely tokens
+        drop = mass_before >= top_p
+        drop[:, 0] = False  # the most likely token always stays
+        logp = logp.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return logp
 
-    def __init__(self, temperature: float):
-        self.temperature, self.prev, self.steps = temperature, None, []
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.prev is not None:
-            self.steps.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
-        self.prev = torch.log_softmax(at_least_fp32(scores) / self.temperature, dim=-1)
-        return scores
+def sample_from(logp: torch.Tensor) -> torch.Tensor:
+    """[n, V] log-probs (-inf = excluded) -> [n] token ids, x ~ softmax(logp), by inverting the CDF with one
+    uniform per row (as FlashInfer samples; on CPU ~25x faster than `torch.multinomial`, which draws V)."""
+    cdf = (logp - logp.max(dim=-1, keepdim=True).values).exp().cumsum(dim=-1)  # [n, V], unnormalised
+    u = torch.rand(cdf.shape[0], 1, device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)[:, 0]  # zero-mass tokens never
 
-    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
-        """[n, T] log-probs of the generated tokens (`sequences` [n, T])."""
-        if self.prev is not None:
-            self.steps.append(self.prev.gather(1, sequences[:, len(self.steps):len(self.steps) + 1]).squeeze(1))
-        self.prev = None
-        return torch.stack(self.steps, dim=1) if self.steps else sequences.new_zeros(sequences.shape, dtype=torch.float)
+
+@torch.no_grad()
+def sample_compacting(model, ids: torch.Tensor, attn: torch.Tensor, params: SamplingParams, eos_token_id: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """KV-cached ancestral sampling that computes each prompt once and drops each row once it is finished.
+
+    ids, attn: [n, P] left-padded prompts and their mask; equal consecutive rows (the G completions of a
+    prompt) are prefilled once and their KV cache repeated. Each step samples x_t ~ softmax(filter(z_t / T))
+    from the last logits z_t, records log softmax(z_t / T)[x_t] (tempered, untruncated: what
+    `scoring.completion_logprobs` recomputes), and removes the rows that emitted EOS (or hit max_new_tokens)
+    from the input, the mask and the KV cache (once an eighth of the batch has finished: each drop copies the
+    cache), so a step costs about the rows still generating, not the whole batch until its longest completion
+    ends (transformers' `generate` keeps finished rows and prefills every row).
+    Position ids follow the mask (left padding does not shift positions). Non-finite logits (diverged
+    weights) are replaced as transformers' `remove_invalid_values` does, so such a step samples (and is
+    skipped later) instead of crashing.
+
+    Returns tokens [n, T] (zeros after a row's end), log-probs [n, T] fp32 and lengths [n] (EOS included).
+    """
+    from transformers import DynamicCache
+
+    n, device = ids.shape[0], ids.device
+    tokens = torch.zeros(n, params.max_new_tokens, dtype=torch.long, device=device)
+    logprobs = torch.zeros(n, params.max_new_tokens, dtype=torch.float32, device=device)
+    lengths = torch.full((n,), params.max_new_tokens, dtype=torch.long, device=device)
+    alive = torch.arange(n, device=device)  # original row of each row still generating
+    positions = (attn.long().cumsum(-1) - 1).clamp(min=0)  # [n, P]
+    new_prompt = torch.ones(n, dtype=torch.bool, device=device)
+    new_prompt[1:] = (ids[1:] != ids[:-1]).any(dim=1)
+    first = new_prompt.nonzero()[:, 0]  # [u] one row per distinct prompt
+    row_prompt = new_prompt.long().cumsum(0) - 1  # [n] which of them each row is
+    cache = DynamicCache()
+    kv = {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}  # 5.x; 4.x
+    out = model(input_ids=ids[first], attention_mask=attn[first], position_ids=positions[first], use_cache=True,
+                logits_to_keep=1, **kv)
+    cache.batch_select_indices(row_prompt)
+    logits = out.logits[:, -1][row_prompt]  # [n, V]
+    next_pos = positions[:, -1] + 1  # [n]
+    done = torch.zeros(n, dtype=torch.bool, device=device)  # finished rows not yet dropped from the batch
+    for t in range(params.max_new_tokens):
+        logits = at_least_fp32(logits)  # [n_batch, V]
+        if not torch.isfinite(logits).all():
+            big = torch.finfo(logits.dtype).max
+            logits = torch.nan_to_num(logits, nan=0.0, posinf=big, neginf=-big)
+        logp = torch.log_softmax(logits / params.temperature, dim=-1)
+        choice = sample_from(filter_logits(logp, params.top_k, params.top_p))  # [n_batch]
+        live = (~done).nonzero()[:, 0]
+        tokens[alive[live], t] = choice[live]
+        logprobs[alive[live], t] = logp[live].gather(1, choice[live, None])[:, 0]
+        ended = (choice == eos_token_id) & ~done
+        lengths[alive[ended]] = t + 1
+        done |= ended
+        if t + 1 == params.max_new_tokens or bool(done.all()):
+            break
+        if int(done.sum()) >= max(1, done.numel() // 8):  # drop finished rows in batches: each drop copies the cache
+            keep = (~done).nonzero()[:, 0]
+            alive, choice, attn, next_pos, done = alive[keep], choice[keep], attn[keep], next_pos[keep], done[keep]
+            cache.batch_select_indices(keep)
+        attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
+        logits = model(input_ids=choice[:, None], attention_mask=attn, position_ids=next_pos[:, None], use_cache=True,
+                       **kv).logits[:, -1]
+        next_pos = next_pos + 1
+    return tokens, logprobs, lengths
 
 
 class HFRollout:
-    """transformers `generate` backend; `batch_size` rows (prompt x completion) per call, on the model's device,
-    under `autocast_dtype` (e.g. bf16 compute over fp32 master weights) when given."""
+    """transformers backend (`sample_compacting` on the model itself); `batch_size` rows (prompt x completion)
+    per call, on the model's device, under `autocast_dtype` (e.g. bf16 compute over fp32 master weights) when
+    given."""
 
     def __init__(self, model, tokenizer, batch_size: int = 256, autocast_dtype: torch.dtype | None = None):
         self.model, self.tok, self.batch_size, self.autocast_dtype = model, tokenizer, batch_size, autocast_dtype
@@ -100,15 +168,8 @@ class HFRollout:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
-        from transformers import GenerationConfig, LogitsProcessorList
-
         tok, model = self.tok, self.model
         device = model_device(model)
-        gen_cfg = GenerationConfig(
-            do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-            max_new_tokens=params.max_new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-            return_dict_in_generate=True, use_cache=True,
-            remove_invalid_values=True)  # NaN / inf logits (diverged weights) sample, never crash: the step is skipped
         p_ids = tok(prompts, add_special_tokens=False)["input_ids"]
         rows = [ids for ids in p_ids for _ in range(params.n)]
         out = RolloutBatch([], [], [], [], [])
@@ -122,19 +183,14 @@ class HFRollout:
             for i, r in enumerate(chunk):  # left padding
                 ids[i, width - len(r):] = torch.tensor(r)
                 attn[i, width - len(r):] = 1
-            recorder = SampledLogprobs(params.temperature) if params.logprobs else None
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                g = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_cfg,
-                                   logits_processor=LogitsProcessorList([recorder] if recorder else []))
-            new = g.sequences[:, width:].cpu()  # [n, T]
-            lp = recorder.finish(g.sequences[:, width:]).cpu() if recorder else None
+                new, lp, lengths = sample_compacting(model, ids.to(device), attn.to(device), params, tok.eos_token_id)
+            new, lp, lengths = new.cpu(), lp.cpu(), lengths.tolist()
             for i, r in enumerate(chunk):
-                seq = new[i].tolist()
-                end = seq.index(tok.eos_token_id) + 1 if tok.eos_token_id in seq else len(seq)
                 out.prompt_ids.append(r)
-                out.completion_ids.append(seq[:end])
-                out.logprobs.append(lp[i, :end].clone() if lp is not None else None)
-                out.truncated.append(tok.eos_token_id not in seq)
+                out.completion_ids.append(new[i, :lengths[i]].tolist())
+                out.logprobs.append(lp[i, :lengths[i]].clone() if params.logprobs else None)
+                out.truncated.append(out.completion_ids[-1][-1:] != [tok.eos_token_id])
         out.texts = tok.batch_decode(out.completion_ids, skip_special_tokens=True)
         model.train(was_training)
         return out

@@ -249,7 +249,7 @@ class Trainer:
         timer.cpu["prune"] = time.process_time() - c_prune - sum(timer.cpu[k] for k in inner)
         batch = RolloutBatch.concat(batches)
         self.flops["rollout"] = self.shape.generation([len(p) for p in batch.prompt_ids],
-                                                      [len(c) for c in batch.completion_ids])
+                                                      [len(c) for c in batch.completion_ids], cfg.group_size)
         for j, k in enumerate(step.rolled):
             self.history.update(k, step.rewards[j].tolist(), step.advantages[j].abs().tolist(),
                                 step.lengths[j].tolist(), self.step)

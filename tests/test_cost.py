@@ -23,6 +23,9 @@ def test_model_shape_and_forward_flops(embedded):
     assert shape.forward(0, 5, 2) == 20 * shape.layers * shape.q_dim + 4 * shape.vocab * shape.hidden
     # generation: a prompt of 3 and completion of 2 = 5 tokens, 15 causal pairs, 2 logit rows
     assert shape.generation([3], [2]) == shape.forward(5, 15, 2)
+    # a group of 2 completions (2 and 4 tokens) after one 3-token prompt: the prompt computed once
+    assert shape.generation([3, 3], [2, 4], group_size=2) == shape.forward(3 + 2 + 4, 6 + (6 + 3) + (12 + 10), 6)
+    assert shape.generation([3, 3], [2, 4]) == shape.forward(5 + 7, 15 + 28, 6)
 
 
 def test_each_step_records_cpu_time_and_flops_and_shared_prompts_cost_less(tmp_path, embedded):

@@ -49,3 +49,50 @@ def test_completion_logprobs_ignore_padding_and_batch_composition(embedded):
         alone = [completion_logprobs(model, [p[i]], [c[i]], tok.pad_token_id) for i in range(2)]
     assert torch.allclose(both[0], alone[0][0], atol=1e-5)
     assert torch.allclose(both[1, :1], alone[1][0], atol=1e-5) and torch.all(both[1, 1:] == 0)
+
+
+def test_top_k_1_sampling_equals_greedy_generate(embedded):
+    """top_k = 1 leaves one token, so the sampler must reproduce transformers' greedy `generate` token for token:
+    left padding, position ids, the shared prompt prefill (cache repeated per completion) and the rows dropped
+    from the batch and the KV cache as they finish all have to be right for every row to match."""
+    from transformers import GenerationConfig
+
+    model, tok = embedded
+    prompts = [p.prompt for p in make_train(6, seed=11)]
+    batch = HFRollout(model, tok, batch_size=64).generate(prompts, SamplingParams(n=3, top_k=1, max_new_tokens=40))
+    lengths = {len(c) for c in batch.completion_ids}
+    assert len(lengths) > 1, "rows should finish at different steps"
+    for r, (p_ids, c_ids) in enumerate(zip(batch.prompt_ids, batch.completion_ids)):
+        with torch.no_grad():
+            g = model.generate(input_ids=torch.tensor([p_ids]), generation_config=GenerationConfig(
+                do_sample=False, max_new_tokens=40, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+        assert g[0, len(p_ids):].tolist()[:len(c_ids)] == c_ids, f"row {r}"
+        assert batch.truncated[r] == (c_ids[-1] != tok.eos_token_id)
+
+
+def test_sample_from_draws_the_distribution():
+    """Inverse-CDF sampling: frequencies match softmax(logp) (5 sigma), excluded (-inf) tokens never come up."""
+    from dppo.rollout import sample_from
+
+    torch.manual_seed(0)
+    logp = torch.log_softmax(torch.randn(1, 12), dim=-1)
+    logp[0, [3, 7]] = float("-inf")
+    draws = 200_000
+    counts = torch.bincount(sample_from(logp.expand(draws, -1)), minlength=12).double()
+    p = torch.softmax(logp[0].double(), dim=-1)
+    assert counts[3] == 0 and counts[7] == 0
+    sigma = (draws * p * (1 - p)).sqrt().clamp(min=1)
+    assert ((counts - draws * p).abs() <= 5 * sigma).all()
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 0.9), (5, 1.0), (5, 0.7), (0, 0.3)])
+def test_filter_logits_equals_transformers_warpers(top_k, top_p):
+    from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
+
+    from dppo.rollout import filter_logits
+
+    torch.manual_seed(1)
+    logp = torch.log_softmax(torch.randn(64, 50) * 3, dim=-1)
+    warpers = LogitsProcessorList(([TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p < 1 else []))
+    expected = warpers(None, logp.clone())
+    assert torch.equal(torch.isinf(filter_logits(logp, top_k, top_p)), torch.isinf(expected))
