@@ -145,7 +145,9 @@ class TrainConfig:
     temperature: float = _f(1.0, "Sampling temperature of rollouts (log-probs are of logits / temperature).")
     top_p: float = _f(1.0, "Nucleus sampling threshold (1 = off).")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
-    rollout_backend: str = _f("hf", "Rollout engine: transformers generate on the training weights, or vLLM "
+    rollout_backend: str = _f("hf", "Rollout engine: dppo's KV-cached sampler on the transformers model (the "
+                              "training weights; each prompt prefilled once, finished rows dropped: docs/method.md "
+                              "§3.4), or vLLM "
                               "colocated in this process with the weights pushed after every optimizer step.",
                               choices=("hf", "vllm"))
     vllm_gpu_memory_utilization: float = _f(0.3, "vllm: share of GPU memory for vLLM's weights and KV cache (it "
@@ -158,7 +160,7 @@ class TrainConfig:
                                     "rollout_is_cap) (TRL / verl, for vLLM rollouts); multiplies the pruning "
                                     "weights, never replaces them.", choices=("none", "tis"))
     rollout_is_cap: float = _f(2.0, "tis: the cap C of the per-token ratio pi_old / pi_rollout.")
-    rollout_batch_size: int = _f(256, "Rows (prompt x completion) per generate call.")
+    rollout_batch_size: int = _f(256, "Rows (prompt x completion) sampled together by the hf backend.")
     # ---- optimisation
     epochs: float = _f(4.0, "Passes over the training prompts.")
     max_steps: int = _f(0, "Stop after this many steps (0 = run all epochs).")

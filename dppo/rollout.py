@@ -1,8 +1,9 @@
 """Rollout: prompts -> G sampled completions each, with their sampling log-probs.
 
 The trainer talks only to `RolloutEngine`; the transformers backend below (`sample_compacting`, a KV-cached
-sampling loop that drops finished rows) samples from the training model itself (so weight sync is a no-op); `dppo.vllm_rollout` implements the same two methods
-on vLLM, with the weights pushed after every optimizer step.
+sampling loop that prefills each prompt once and drops finished rows, docs/method.md §3.4) samples from the
+training model itself (so weight sync is a no-op); `dppo.vllm_rollout` implements the same two methods on
+vLLM, with the weights pushed after every optimizer step.
 
 Sampling log-probs (returned when `SamplingParams.logprobs`) are those of the tempered, untruncated
 distribution, `log softmax(logits / temperature)[token]`, exactly what `scoring.completion_logprobs`

@@ -162,7 +162,7 @@ class Trainer:
         if self.scaler is not None:
             self.accelerator.register_for_checkpointing(self.scaler)
         rollout_model = self.policy
-        if self.fsdp and cfg.rollout_backend == "hf":  # generate() needs whole weights: a full copy, synced
+        if self.fsdp and cfg.rollout_backend == "hf":  # sampling needs whole weights: a full copy, synced
             rollout_model, _ = load_policy(cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)
             rollout_model.requires_grad_(False).to(self.accelerator.device)
         self.engine = engine_from_config(cfg, rollout_model, self.tok,

@@ -110,7 +110,8 @@ comparison.round(3)
 # %% [markdown]
 # Checks: DPPO is unbiased at every rate (bias within 4 standard errors of 0, and DPPO's weights keep the
 # Monte-Carlo mean on the full gradient), its measured variance matches the closed form, and the variance
-# grows with the rate.
+# grows with the rate. Whether the proportional rule's variance is below the uniform rule's is not checked: it
+# depends on how well its proxy |A| tracks each row's gradient norm in the batch (docs/method.md §2.10).
 
 # %%
 dppo = df[df["estimator"].str.startswith("DPPO (") | df["estimator"].str.startswith("DPPO proportional")]
@@ -125,7 +126,6 @@ prompt_only = df[df["estimator"].str.startswith("DPPO prompt only") & (df["rate"
 assert (prompt_only["variance"] > 0).all()  # the prompt stage had candidates to prune
 if not smoke:
     assert (df[df["estimator"] == "DPPO without 1/pi"].query("rate > 0")["bias_in_se"] > 4).all()
-    assert (comparison["variance ratio (closed form)"] < 1).all(), comparison  # below uniform at every rate
 
 # %%
 fig = figures.figure_f3(results_dir, out=results.figures_dir(smoke))
@@ -141,6 +141,8 @@ display(Markdown(
     f"{(d['variance'] / d['closed_form_variance'] - 1).abs().drop(0.0).max():.0%}; its bias stays within "
     f"{d['bias_in_se'].max():.1f} Monte-Carlo standard errors (unbiased), while DPPO without 1/pi sits "
     f"{df[df['estimator'] == 'DPPO without 1/pi'].query('rate > 0')['bias_in_se'].min():.0f}+ standard errors away.\n"
-    f"- The proportional rule at the same budget has {comparison['variance ratio (measured)'].min():.2f}x-"
-    f"{comparison['variance ratio (measured)'].max():.2f}x the uniform rule's variance.\n"
+    f"- The proportional rule at the same budget has "
+    + ", ".join(f"{v:.2f}x at r = {r}" for r, v in comparison["variance ratio (measured)"].items())
+    + " the uniform rule's variance (closed form: "
+    + ", ".join(f"{v:.2f}x" for v in comparison["variance ratio (closed form)"]) + ").\n"
     f"- *Paper:* {studies.PAPER['F3']}"))

@@ -93,6 +93,7 @@ def test_filter_logits_equals_transformers_warpers(top_k, top_p):
 
     torch.manual_seed(1)
     logp = torch.log_softmax(torch.randn(64, 50) * 3, dim=-1)
-    warpers = LogitsProcessorList(([TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p < 1 else []))
+    warpers = LogitsProcessorList(([TopKLogitsWarper(top_k)] if top_k else [])
+                                  + ([TopPLogitsWarper(top_p)] if top_p < 1 else []))
     expected = warpers(None, logp.clone())
     assert torch.equal(torch.isinf(filter_logits(logp, top_k, top_p)), torch.isinf(expected))
