@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from dppo.model import EMBEDDED_SPEC, load_policy, resolve_model_path
-from dppo.rollout import HFRollout, SamplingParams
+from dppo.rollout import HFRollout, SamplingParams, left_pad
 from dppo.task import make_train
 
 
@@ -51,15 +51,11 @@ class TransformersGenerate:
 
         tok = self.tok
         rows = [ids for ids in tok(prompts, add_special_tokens=False)["input_ids"] for _ in range(params.n)]
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), tok.pad_token_id)
-        attn = torch.zeros_like(ids)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r):], attn[i, width - len(r):] = torch.tensor(r), 1
+        ids, attn = left_pad(rows, tok.pad_token_id)
         g = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=GenerationConfig(
             do_sample=True, temperature=params.temperature, max_new_tokens=params.max_new_tokens,
             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id))
-        new = g[:, width:]
+        new = g[:, ids.shape[1]:]
         ended = (new == tok.eos_token_id).int()
         return int(torch.where(ended.any(1), ended.argmax(1) + 1, new.shape[1]).sum())  # tokens up to EOS
 

@@ -84,6 +84,16 @@ def sample_from(logp: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)[:, 0]  # zero-mass tokens never
 
 
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id rows -> ids [n, P] left-padded with `pad_id` and their attention mask [n, P] (1 = token)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], attn[i, width - len(r):] = torch.tensor(r, dtype=torch.long), 1
+    return ids, attn
+
+
 @torch.no_grad()
 def sample_compacting(model, ids: torch.Tensor, attn: torch.Tensor, params: SamplingParams, eos_token_id: int
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -178,12 +188,7 @@ class HFRollout:
         model.eval()
         for s in range(0, len(rows), self.batch_size):
             chunk = rows[s: s + self.batch_size]
-            width = max(len(r) for r in chunk)
-            ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
-            attn = torch.zeros_like(ids)
-            for i, r in enumerate(chunk):  # left padding
-                ids[i, width - len(r):] = torch.tensor(r)
-                attn[i, width - len(r):] = 1
+            ids, attn = left_pad(chunk, tok.pad_token_id)
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 new, lp, lengths = sample_compacting(model, ids.to(device), attn.to(device), params, tok.eos_token_id)
             new, lp, lengths = new.cpu(), lp.cpu(), lengths.tolist()
