@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from dppo.distributed import full_state_items, is_sharded
 from dppo.scoring import at_least_fp32, model_device
@@ -94,6 +96,52 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, attn
 
 
+class InPlaceLayer(DynamicLayer):
+    """One layer's KV cache that writes each new position in place. transformers' `DynamicLayer` grows keys and
+    values [b, kv_heads, L, head_dim] by `torch.cat`, copying the whole cache at every token: O(L) bytes per
+    token and layer, O(L^2) per completion (at a 4B model's 1k-token completions, more memory traffic than the
+    decode step's matmuls, and a transient second copy). This one allocates `room` positions beyond its first
+    update (the prefill) and returns views of the filled part; it grows by `room` again if ever full."""
+
+    def __init__(self, room: int):
+        super().__init__()
+        self.room, self.filled = room, 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        end = self.filled + key_states.shape[-2]
+        if not self.is_initialized:
+            self.key_buf, self.value_buf = key_states[:, :, :0], value_states[:, :, :0]
+            self.device, self.is_initialized = key_states.device, True
+        if end > self.key_buf.shape[-2]:  # [b, kv_heads, end + room, head_dim], filled part copied once
+            grow = end + self.room - self.key_buf.shape[-2]
+            self.key_buf = torch.cat([self.key_buf, self.key_buf.new_empty(*self.key_buf.shape[:2], grow,
+                                                                           self.key_buf.shape[-1])], dim=-2)
+            self.value_buf = torch.cat([self.value_buf, self.value_buf.new_empty(*self.value_buf.shape[:2], grow,
+                                                                                 self.value_buf.shape[-1])], dim=-2)
+        self.key_buf[:, :, self.filled:end] = key_states
+        self.value_buf[:, :, self.filled:end] = value_states
+        self.filled = end
+        self.keys, self.values = self.key_buf[:, :, :end], self.value_buf[:, :, :end]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized:
+            self.key_buf, self.value_buf = self.key_buf[indices], self.value_buf[indices]
+            self.keys, self.values = self.key_buf[:, :, :self.filled], self.value_buf[:, :, :self.filled]
+
+
+def kv_cache(room: int):
+    """An empty KV cache of `InPlaceLayer`s with `room` positions beyond the prefill (transformers' plain
+    `DynamicCache` where its `Cache` cannot be built from a layer class)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import Cache
+
+    try:
+        return Cache(layer_class_to_replicate=partial(InPlaceLayer, room))
+    except TypeError:
+        return DynamicCache()
+
+
 @torch.no_grad()
 def sample_compacting(model, ids: torch.Tensor, attn: torch.Tensor, params: SamplingParams, eos_token_id: int
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -105,15 +153,13 @@ def sample_compacting(model, ids: torch.Tensor, attn: torch.Tensor, params: Samp
     `scoring.completion_logprobs` recomputes), and removes the rows that emitted EOS (or hit max_new_tokens)
     from the input, the mask and the KV cache (once an eighth of the batch has finished: each drop copies the
     cache), so a step costs about the rows still generating, not the whole batch until its longest completion
-    ends (transformers' `generate` keeps finished rows and prefills every row).
-    Position ids follow the mask (left padding does not shift positions). Non-finite logits (diverged
-    weights) are replaced as transformers' `remove_invalid_values` does, so such a step samples (and is
-    skipped later) instead of crashing.
+    ends (transformers' `generate` keeps finished rows and prefills every row). The cache is written in place
+    (`InPlaceLayer`), not concatenated per token. Position ids follow the mask (left padding does not shift
+    positions). Non-finite logits (diverged weights) are replaced as transformers' `remove_invalid_values` does,
+    so such a step samples (and is skipped later) instead of crashing.
 
     Returns tokens [n, T] (zeros after a row's end), log-probs [n, T] fp32 and lengths [n] (EOS included).
     """
-    from transformers import DynamicCache
-
     n, device = ids.shape[0], ids.device
     tokens = torch.zeros(n, params.max_new_tokens, dtype=torch.long, device=device)
     logprobs = torch.zeros(n, params.max_new_tokens, dtype=torch.float32, device=device)
@@ -124,7 +170,7 @@ def sample_compacting(model, ids: torch.Tensor, attn: torch.Tensor, params: Samp
     new_prompt[1:] = (ids[1:] != ids[:-1]).any(dim=1)
     first = new_prompt.nonzero()[:, 0]  # [u] one row per distinct prompt
     row_prompt = new_prompt.long().cumsum(0) - 1  # [n] which of them each row is
-    cache = DynamicCache()
+    cache = kv_cache(room=params.max_new_tokens)
     kv = {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}  # 5.x; 4.x
     out = model(input_ids=ids[first], attention_mask=attn[first], position_ids=positions[first], use_cache=True,
                 logits_to_keep=1, **kv)

@@ -97,3 +97,26 @@ def test_filter_logits_equals_transformers_warpers(top_k, top_p):
                                   + ([TopPLogitsWarper(top_p)] if top_p < 1 else []))
     expected = warpers(None, logp.clone())
     assert torch.equal(torch.isinf(filter_logits(logp, top_k, top_p)), torch.isinf(expected))
+
+
+def test_in_place_kv_layer_equals_dynamic_layer():
+    """`InPlaceLayer` returns exactly what transformers' concatenating `DynamicLayer` returns: prefill, single-token
+    steps past its room (5 + 2 positions: it grows), row selection (repeat and drop), and the sequence length masks are built from."""
+    from transformers.cache_utils import DynamicLayer
+
+    from dppo.rollout import InPlaceLayer
+
+    torch.manual_seed(0)
+    ours, ref = InPlaceLayer(room=2), DynamicLayer()
+    select = {1: torch.tensor([0, 0, 1, 2, 2]), 3: torch.tensor([1, 3, 4])}  # after step t: repeat, then drop rows
+    rows, length = 3, 0
+    for t, new in enumerate([5, 1, 1, 1, 1, 1]):
+        k, v = torch.randn(rows, 2, new, 4), torch.randn(rows, 2, new, 4)
+        got, want = ours.update(k, v), ref.update(k.clone(), v.clone())
+        length += new
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[0].shape[2] == length
+        assert ours.get_seq_length() == ref.get_seq_length() == length
+        if t in select:
+            for layer in (ours, ref):
+                layer.batch_select_indices(select[t])
+            rows = len(select[t])
