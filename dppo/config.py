@@ -160,7 +160,9 @@ class TrainConfig:
                                     "rollout_is_cap) (TRL / verl, for vLLM rollouts); multiplies the pruning "
                                     "weights, never replaces them.", choices=("none", "tis"))
     rollout_is_cap: float = _f(2.0, "tis: the cap C of the per-token ratio pi_old / pi_rollout.")
-    rollout_batch_size: int = _f(256, "Rows (prompt x completion) sampled together by the hf backend.")
+    rollout_batch_size: int = _f(256, "Rows (prompt x completion) sampled together by the hf backend. Its KV cache "
+                                 "holds up to rows x (prompt + max_new_tokens + 128) positions x layers x 2 x kv_heads "
+                                 "x head_dim values (Qwen3-4B, bf16: 147 KB a position; finished rows are dropped).")
     # ---- optimisation
     epochs: float = _f(4.0, "Passes over the training prompts.")
     max_steps: int = _f(0, "Stop after this many steps (0 = run all epochs).")

@@ -96,12 +96,16 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, attn
 
 
+KV_CACHE_ROOM = 128  # free positions a rollout's KV cache keeps per row (it grows by this many when full)
+
+
 class InPlaceLayer(DynamicLayer):
     """One layer's KV cache that writes each new position in place. transformers' `DynamicLayer` grows keys and
     values [b, kv_heads, L, head_dim] by `torch.cat`, copying the whole cache at every token: O(L) bytes per
     token and layer, O(L^2) per completion (at a 4B model's 1k-token completions, more memory traffic than the
-    decode step's matmuls, and a transient second copy). This one allocates `room` positions beyond its first
-    update (the prefill) and returns views of the filled part; it grows by `room` again if ever full."""
+    decode step's matmuls, and a transient second copy). This one keeps `room` free positions after its
+    filled part, writes each update there and returns views of the filled part; when full it grows by `room`
+    (one copy per `room` tokens, and never more than `room` unused positions per row)."""
 
     def __init__(self, room: int):
         super().__init__()
@@ -112,12 +116,10 @@ class InPlaceLayer(DynamicLayer):
         if not self.is_initialized:
             self.key_buf, self.value_buf = key_states[:, :, :0], value_states[:, :, :0]
             self.device, self.is_initialized = key_states.device, True
-        if end > self.key_buf.shape[-2]:  # [b, kv_heads, end + room, head_dim], filled part copied once
+        if end > self.key_buf.shape[-2]:  # full: [b, kv_heads, filled, head_dim] -> [b, kv_heads, end + room, head_dim]
             grow = end + self.room - self.key_buf.shape[-2]
-            self.key_buf = torch.cat([self.key_buf, self.key_buf.new_empty(*self.key_buf.shape[:2], grow,
-                                                                           self.key_buf.shape[-1])], dim=-2)
-            self.value_buf = torch.cat([self.value_buf, self.value_buf.new_empty(*self.value_buf.shape[:2], grow,
-                                                                                 self.value_buf.shape[-1])], dim=-2)
+            self.key_buf, self.value_buf = (torch.cat([b, b.new_empty(*b.shape[:2], grow, b.shape[-1])], dim=-2)
+                                            for b in (self.key_buf, self.value_buf))
         self.key_buf[:, :, self.filled:end] = key_states
         self.value_buf[:, :, self.filled:end] = value_states
         self.filled = end
@@ -170,7 +172,7 @@ def sample_compacting(model, ids: torch.Tensor, attn: torch.Tensor, params: Samp
     new_prompt[1:] = (ids[1:] != ids[:-1]).any(dim=1)
     first = new_prompt.nonzero()[:, 0]  # [u] one row per distinct prompt
     row_prompt = new_prompt.long().cumsum(0) - 1  # [n] which of them each row is
-    cache = kv_cache(room=params.max_new_tokens)
+    cache = kv_cache(room=min(params.max_new_tokens, KV_CACHE_ROOM))
     kv = {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}  # 5.x; 4.x
     out = model(input_ids=ids[first], attention_mask=attn[first], position_ids=positions[first], use_cache=True,
                 logits_to_keep=1, **kv)
