@@ -105,7 +105,9 @@ class InPlaceLayer(DynamicLayer):
     token and layer, O(L^2) per completion (at a 4B model's 1k-token completions, more memory traffic than the
     decode step's matmuls, and a transient second copy). This one keeps `room` free positions after its
     filled part, writes each update there and returns views of the filled part; when full it grows by `room`
-    (one copy per `room` tokens, and never more than `room` unused positions per row)."""
+    (one copy per `room` tokens, and never more than `room` unused positions per row). It implements what
+    `sample_compacting` calls, `update` and `batch_select_indices`; DynamicLayer's other edits (crop, offload,
+    beam reorder) would act on the views only."""
 
     def __init__(self, room: int):
         super().__init__()
@@ -116,7 +118,7 @@ class InPlaceLayer(DynamicLayer):
         if not self.is_initialized:
             self.key_buf, self.value_buf = key_states[:, :, :0], value_states[:, :, :0]
             self.device, self.is_initialized = key_states.device, True
-        if end > self.key_buf.shape[-2]:  # full: [b, kv_heads, filled, head_dim] -> [b, kv_heads, end + room, head_dim]
+        if end > self.key_buf.shape[-2]:  # full: [b, kv_heads, filled, hd] -> [b, kv_heads, end + room, hd]
             grow = end + self.room - self.key_buf.shape[-2]
             self.key_buf, self.value_buf = (torch.cat([b, b.new_empty(*b.shape[:2], grow, b.shape[-1])], dim=-2)
                                             for b in (self.key_buf, self.value_buf))

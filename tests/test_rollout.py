@@ -101,7 +101,7 @@ def test_filter_logits_equals_transformers_warpers(top_k, top_p):
 
 def test_in_place_kv_layer_equals_dynamic_layer():
     """`InPlaceLayer` returns exactly what transformers' concatenating `DynamicLayer` returns: prefill, single-token
-    steps past its room (5 + 2 positions: it grows twice), row selection (repeat and drop), and the sequence length
+    steps past its room (5 + 2 positions, then it grows), row selection (repeat and drop), and the sequence length
     that masks are built from."""
     from transformers.cache_utils import DynamicLayer
 
