@@ -160,7 +160,8 @@ def sample_compacting(model, ids: torch.Tensor, attn: torch.Tensor, params: Samp
     ends (transformers' `generate` keeps finished rows and prefills every row). The cache is written in place
     (`InPlaceLayer`), not concatenated per token. Position ids follow the mask (left padding does not shift
     positions). Non-finite logits (diverged weights) are replaced as transformers' `remove_invalid_values` does,
-    so such a step samples (and is skipped later) instead of crashing.
+    so such a step samples (and is skipped later) instead of crashing. A step reads one number back from the
+    device (how many rows are done), so a GPU is not stalled by several syncs per token.
 
     Returns tokens [n, T] (zeros after a row's end), log-probs [n, T] fp32 and lengths [n] (EOS included).
     """
@@ -183,21 +184,20 @@ def sample_compacting(model, ids: torch.Tensor, attn: torch.Tensor, params: Samp
     next_pos = positions[:, -1] + 1  # [n]
     done = torch.zeros(n, dtype=torch.bool, device=device)  # finished rows not yet dropped from the batch
     for t in range(params.max_new_tokens):
-        logits = at_least_fp32(logits)  # [n_batch, V]
-        if not torch.isfinite(logits).all():
-            big = torch.finfo(logits.dtype).max
-            logits = torch.nan_to_num(logits, nan=0.0, posinf=big, neginf=-big)
+        logits = at_least_fp32(logits)  # [n_batch, V]; finite values pass unchanged
+        big = torch.finfo(logits.dtype).max
+        logits = torch.nan_to_num(logits, nan=0.0, posinf=big, neginf=-big)
         logp = torch.log_softmax(logits / params.temperature, dim=-1)
-        choice = sample_from(filter_logits(logp, params.top_k, params.top_p))  # [n_batch]
-        live = (~done).nonzero()[:, 0]
-        tokens[alive[live], t] = choice[live]
-        logprobs[alive[live], t] = logp[live].gather(1, choice[live, None])[:, 0]
+        choice = sample_from(filter_logits(logp, params.top_k, params.top_p)).masked_fill(done, 0)  # [n_batch]
+        tokens[alive, t] = choice  # finished rows still in the batch record 0
+        logprobs[alive, t] = logp.gather(1, choice[:, None])[:, 0].masked_fill(done, 0.0)
         ended = (choice == eos_token_id) & ~done
-        lengths[alive[ended]] = t + 1
+        lengths[alive] = torch.where(ended, t + 1, lengths[alive])
         done |= ended
-        if t + 1 == params.max_new_tokens or bool(done.all()):
+        n_done = int(done.sum())  # the step's one host-device sync (no boolean indexing above)
+        if t + 1 == params.max_new_tokens or n_done == done.numel():
             break
-        if int(done.sum()) >= max(1, done.numel() // 8):  # drop finished rows in batches: each drop copies the cache
+        if n_done >= max(1, done.numel() // 8):  # drop finished rows in batches: each drop copies the cache
             keep = (~done).nonzero()[:, 0]
             alive, choice, attn, next_pos, done = alive[keep], choice[keep], attn[keep], next_pos[keep], done[keep]
             cache.batch_select_indices(keep)
