@@ -96,9 +96,9 @@ def cmd_eval(args, rest) -> int:
 
 
 def cmd_build_model(args, rest) -> int:
-    from dppo.model import EMBEDDED_SPECS, embedded_model_dir
+    from dppo.model import embedded_model_dir, ship_embedded
 
-    print(embedded_model_dir(EMBEDDED_SPECS[args.model], rebuild=args.rebuild))
+    print(ship_embedded(args.model) if args.ship else embedded_model_dir(args.model, rebuild=args.rebuild))
     return 0
 
 
@@ -113,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="YAML file of TrainConfig fields")
     p.add_argument("--model", help="model to evaluate (default: the config's model_name_or_path)")
     p.set_defaults(func=cmd_eval)
-    p = sub.add_parser("build-model", help="build (or find) the cached embedded model and print its path")
-    p.add_argument("--rebuild", action="store_true")
+    p = sub.add_parser("build-model", help="find (shipped or cached) or build the embedded model and print its path")
+    p.add_argument("--rebuild", action="store_true", help="build it locally even if a shipped or cached copy exists")
+    p.add_argument("--ship", action="store_true",
+                   help="rebuild it (and its source model) and replace the package's shipped copy in dppo/embedded/")
     p.add_argument("--model", default="embedded", choices=["embedded", "embedded-large"],
                    help="which embedded model (embedded-large: twice the depth, for table T3)")
     p.set_defaults(func=cmd_build_model)

@@ -3,9 +3,14 @@
 `load_policy("embedded")` returns a tiny `Qwen3ForCausalLM` with a BPE tokenizer trained on the
 embedded task, warm-started by a short supervised phase on worked solutions so that it starts well
 above zero but far from perfect; `embedded-large` (twice the depth) is grown from it, function-preserving, and
-trained further by the same supervised phase. Each is built once and cached as a normal Hugging Face model
-directory (config.json, model.safetensors, tokenizer.json) under `$DPPO_CACHE` (default
-`~/.cache/dppo`), keyed by a hash of everything that determines it, and rebuilt when missing.
+trained further by the same supervised phase.
+
+One policy everywhere: the build is floating-point arithmetic over 650 optimizer steps, so two CPUs (or two thread
+counts) end with different weights, and every rollout after that differs. The package therefore ships both models'
+weights (`dppo/embedded/<name>/`, a normal Hugging Face model directory with a `warm_start.json` that records the spec
+hash of the code that built it and the sha256 of its weights). They are used whenever their spec hash matches this
+code's; otherwise (or with `DPPO_EMBEDDED_SOURCE=build`) the model is built once and cached under `$DPPO_CACHE`
+(default `~/.cache/dppo`), keyed by that hash. `dppo build-model --ship` rebuilds and replaces the shipped copies.
 Any other value is a local model directory, or `hf:<repo id>` to download from the hub.
 """
 
@@ -16,6 +21,7 @@ import inspect
 import json
 import math
 import os
+import platform
 import random
 import shutil
 import tempfile
@@ -50,8 +56,19 @@ EMBEDDED_SPECS = {
 PAD, EOS, UNK = "<|pad|>", "<|endoftext|>", "<|unk|>"
 
 
+SHIPPED_ROOT = Path(__file__).parent / "embedded"  # the package's copies of the embedded models' weights
+EMBEDDED_SOURCES = ("shipped", "build")  # DPPO_EMBEDDED_SOURCE: shipped weights when current (default), or a local build
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("DPPO_CACHE", Path.home() / ".cache" / "dppo"))
+
+
+def embedded_source() -> str:
+    source = os.environ.get("DPPO_EMBEDDED_SOURCE", "shipped")
+    if source not in EMBEDDED_SOURCES:
+        raise ValueError(f"DPPO_EMBEDDED_SOURCE must be one of {list(EMBEDDED_SOURCES)}, got {source!r}")
+    return source
 
 
 def build_tokenizer(vocab_size: int):
@@ -160,14 +177,41 @@ def spec_hash(spec: dict) -> str:
     return hashlib.sha256((json.dumps(spec, sort_keys=True) + code).encode()).hexdigest()[:12]
 
 
-def embedded_model_dir(spec: dict = EMBEDDED_SPEC, rebuild: bool = False) -> Path:
-    """Directory of the cached embedded model, building it first if missing (atomic rename, so
-    concurrent builders never see a half-written directory). A spec with `grow_from` starts from its source
-    model (built first if missing), grown by `grow_depth`, instead of random weights."""
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def shipped_model_dir(name: str) -> Path | None:
+    """The package's copy of embedded model `name` if it was built by this code (its recorded spec hash is the current
+    one), else None. A copy whose weights do not match their recorded sha256 is an error, never used."""
+    folder = SHIPPED_ROOT / name
+    if not (folder / "warm_start.json").is_file():
+        return None
+    meta = json.loads((folder / "warm_start.json").read_text())
+    if meta.get("spec_hash") != spec_hash(EMBEDDED_SPECS[name]):
+        return None
+    if sha256_file(folder / "model.safetensors") != meta.get("sha256"):
+        raise ValueError(f"{folder / 'model.safetensors'} does not match its recorded sha256 (a damaged copy: restore "
+                         f"it from git, or run with DPPO_EMBEDDED_SOURCE=build)")
+    return folder
+
+
+def embedded_model_dir(name: str = "embedded", rebuild: bool = False) -> Path:
+    """Directory of embedded model `name`: the shipped copy when current and `DPPO_EMBEDDED_SOURCE` is `shipped` (the
+    default), else the cached build, built first if missing (atomic rename, so concurrent builders never see a
+    half-written directory). A spec with `grow_from` starts from its source model (found or built the same way),
+    grown by `grow_depth`, instead of random weights."""
+    spec = EMBEDDED_SPECS[name]
+    if embedded_source() == "shipped" and not rebuild:
+        shipped = shipped_model_dir(name)
+        if shipped is not None:
+            return shipped
+        if (SHIPPED_ROOT / name).is_dir():
+            progress.note(f"the shipped {name} weights were built by other code (spec hash differs); building locally")
     out = cache_root() / f"embedded-{spec_hash(spec)}"
     if (out / "model.safetensors").is_file() and not rebuild:
         return out
-    source = embedded_model_dir(EMBEDDED_SPECS[spec["grow_from"]]) if "grow_from" in spec else None
+    source = embedded_model_dir(spec["grow_from"]) if "grow_from" in spec else None
     t0 = time.perf_counter()
     progress.note(f"building the embedded model {out.name} ({spec['sft']['steps']} warm-start steps; cached afterwards)")
     model, tok = build_untrained(spec)
@@ -179,8 +223,12 @@ def embedded_model_dir(spec: dict = EMBEDDED_SPEC, rebuild: bool = False) -> Pat
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
     (tmp / "warm_start.json").write_text(json.dumps(
-        {"spec": spec, **({"grown_from": source.name} if source else {}), "first_loss": losses[0],
-         "final_loss": losses[-1], "build_seconds": time.perf_counter() - t0}, indent=1))
+        {"spec": spec, "spec_hash": spec_hash(spec), "sha256": sha256_file(tmp / "model.safetensors"),
+         **({"grown_from": source.name if source.parent != SHIPPED_ROOT else f"shipped {spec['grow_from']}"}
+            if source else {}),
+         "first_loss": losses[0], "final_loss": losses[-1], "build_seconds": time.perf_counter() - t0,
+         "built_with": {"torch": torch.__version__, "threads": torch.get_num_threads(),
+                        "cpu": platform.processor() or platform.machine()}}, indent=1))
     if out.exists():
         shutil.rmtree(out, ignore_errors=True)
     try:
@@ -190,11 +238,24 @@ def embedded_model_dir(spec: dict = EMBEDDED_SPEC, rebuild: bool = False) -> Pat
     return out
 
 
+def ship_embedded(name: str) -> Path:
+    """Rebuild embedded model `name` (its source first, for a grown one) and replace the package's shipped copy."""
+    if "grow_from" in EMBEDDED_SPECS[name]:
+        ship_embedded(EMBEDDED_SPECS[name]["grow_from"])
+    built = embedded_model_dir(name, rebuild=True)
+    target = SHIPPED_ROOT / name
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for f in built.iterdir():
+        shutil.copy2(f, target / f.name)
+    return target
+
+
 def resolve_model_path(name_or_path: str) -> str:
     """`embedded` / `embedded-large` -> the cached embedded model; `hf:<id>` -> the hub id; else an
     existing local dir."""
     if name_or_path in EMBEDDED_SPECS:
-        return str(embedded_model_dir(EMBEDDED_SPECS[name_or_path]))
+        return str(embedded_model_dir(name_or_path))
     if name_or_path.startswith("hf:"):
         return name_or_path[3:]
     if not Path(name_or_path).is_dir():
