@@ -36,11 +36,13 @@ def best_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
 
 def pack_rows(lengths: list[int], capacity: int, step: int = 8) -> list[list[int]]:
     """Best-fit-decreasing bins for the row width w <= capacity that processes the fewest token slots,
-    rows x (fullest row): w runs from max(longest item, capacity / 2) to capacity in `step`s. A fixed
-    w = capacity often leaves every row a few tokens short of the widest one; the search recovers them."""
+    rows x (fullest row): w runs from max(longest item, capacity / 2) to capacity in `step`s, and w = the longest
+    item itself (one row per sequence at worst), so packing never processes more slots than padding the same items
+    to their longest. A fixed w = capacity often leaves every row a few tokens short of the widest one; the search
+    recovers them."""
     lo = max(max(lengths), capacity // 2)
     best, best_slots = None, None
-    for width in sorted({*range(lo, capacity + 1, step), max(lo, capacity)}):
+    for width in sorted({max(lengths), *range(lo, capacity + 1, step), max(lo, capacity)}):
         bins = best_fit_decreasing(lengths, width)
         slots = len(bins) * max(sum(lengths[i] for i in b) for b in bins)
         if best_slots is None or slots < best_slots:

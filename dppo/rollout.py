@@ -190,7 +190,7 @@ def sample_compacting(model, ids: torch.Tensor, attn: torch.Tensor, params: Samp
         logp = torch.log_softmax(logits / params.temperature, dim=-1)
         choice = sample_from(filter_logits(logp, params.top_k, params.top_p)).masked_fill(done, 0)  # [n_batch]
         tokens[alive, t] = choice  # finished rows still in the batch record 0
-        logprobs[alive, t] = logp.gather(1, choice[:, None])[:, 0].masked_fill(done, 0.0)
+        logprobs[alive, t] = logp.gather(1, choice[:, None])[:, 0].masked_fill(done, 0.0).float()  # fp64 models too
         ended = (choice == eos_token_id) & ~done
         lengths[alive] = torch.where(ended, t + 1, lengths[alive])
         done |= ended

@@ -63,6 +63,9 @@ def gradient_gram(model, tok, prompts: list[str], answers: list[str], n_groups: 
     batch, rewards = rollout(model, tok, prompts, answers, G, max_new_tokens, seed)
     zero = (rewards.max(1).values == rewards.min(1).values).tolist()
     pick = [b for b, z in enumerate(zero) if z][:zero_variance_groups]
+    if len(pick) < zero_variance_groups:  # never substitute informative groups: the prompt stage needs candidates
+        raise ValueError(f"only {len(pick)} of {len(prompts)} prompts gave a zero-variance group "
+                         f"({zero_variance_groups} wanted); pass more prompts")
     pick += [b for b, z in enumerate(zero) if not z][: n_groups - len(pick)]
     if len(pick) < n_groups:
         raise ValueError(f"only {len(pick)} usable groups among {len(prompts)} prompts; pass more prompts")
@@ -102,7 +105,8 @@ def coefficients(pruner, rewards: torch.Tensor, history, draws: int, seed: int =
 
 
 def bias_and_variance(coef: torch.Tensor, gram: torch.Tensor) -> dict:
-    """bias ||E c - 1/N||_K, its Monte-Carlo standard error, variance tr Cov, and cosine to the full gradient."""
+    """bias ||E c - 1/N||_K, its Monte-Carlo standard error, variance tr Cov with its own standard error (from the
+    spread of the per-draw ||c - mean||_K^2, heavy-tailed when some pi is small), and cosine to the full gradient."""
     n = gram.shape[0]
     full = torch.full((n,), 1.0 / n, dtype=torch.float64)
     mean = coef.mean(0)
@@ -111,8 +115,10 @@ def bias_and_variance(coef: torch.Tensor, gram: torch.Tensor) -> dict:
     per_draw = torch.einsum("dn,nm,dm->d", centred, gram, centred)
     var = per_draw.mean() * coef.shape[0] / max(1, coef.shape[0] - 1)
     cos = (mean @ gram @ full) / torch.sqrt((mean @ gram @ mean) * (full @ gram @ full))
+    var_se = per_draw.std() / coef.shape[0] ** 0.5 if coef.shape[0] > 1 else torch.tensor(float("nan"))
     return {"bias": float(torch.sqrt(diff @ gram @ diff)), "bias_se": float(torch.sqrt(var / coef.shape[0])),
-            "variance": float(var), "cosine": float(cos), "full_grad_sq": float(full @ gram @ full)}
+            "variance": float(var), "variance_se": float(var_se), "cosine": float(cos),
+            "full_grad_sq": float(full @ gram @ full)}
 
 
 def closed_form_variance(gram: torch.Tensor, pruner, history, rewards: torch.Tensor, adv: torch.Tensor) -> dict:

@@ -112,20 +112,26 @@ comparison.round(3)
 # Monte-Carlo mean on the full gradient), its measured variance matches the closed form, and the variance
 # grows with the rate. Whether the proportional rule's variance is below the uniform rule's is not checked: it
 # depends on how well its proxy |A| tracks each row's gradient norm in the batch (docs/method.md §2.10).
+# Every Monte-Carlo check is measured in its own standard errors, so it holds on whatever batch this machine's model
+# samples: an unbiased mean lies beyond 4 standard errors with probability below 1e-4 (one dominant direction,
+# normal approximation), a variance estimate beyond 5 of its standard errors below 1e-6. The exact versions
+# (every mask enumerated) are tests/test_gradient.py's.
 
 # %%
 dppo = df[df["estimator"].str.startswith("DPPO (") | df["estimator"].str.startswith("DPPO proportional")]
 assert (dppo["bias_in_se"] < 4).all(), dppo
 measured = dppo[dppo["rate"] > 0]
-tolerance = max(0.2, 6 / draws**0.5)  # the Monte-Carlo variance's own error (heavy-tailed at weights up to 10)
-assert ((measured["variance"] / measured["closed_form_variance"] - 1).abs() < tolerance).all(), measured
-assert measured[measured["estimator"].str.startswith("DPPO (")]["variance"].is_monotonic_increasing
+assert ((measured["variance"] - measured["closed_form_variance"]).abs()
+        <= 5 * measured["variance_se"] + 1e-9 * measured["closed_form_variance"]).all(), measured
+uniform = measured[measured["estimator"].str.startswith("DPPO (")]
+assert uniform["closed_form_variance"].is_monotonic_increasing  # exact: each 1/pi - 1 grows with the rate
 for stage in ("rolled", "kept"):  # the same expected budget at both stages
     assert ((comparison[f"{stage}, proportional"] - comparison[f"{stage}, uniform"]).abs() < 1e-6).all(), comparison
 prompt_only = df[df["estimator"].str.startswith("DPPO prompt only") & (df["rate"] > 0)]
-assert (prompt_only["variance"] > 0).all()  # the prompt stage had candidates to prune
-if not smoke:
-    assert (df[df["estimator"] == "DPPO without 1/pi"].query("rate > 0")["bias_in_se"] > 4).all()
+assert (prompt_only["closed_form_variance"] > 0).all()  # the prompt stage had candidates to prune
+if not smoke:  # the biased estimator sits further from the full gradient than DPPO at every rate (both measured)
+    unweighted = df[df["estimator"] == "DPPO without 1/pi"].query("rate > 0").set_index("rate")["bias"]
+    assert (unweighted > uniform.set_index("rate")["bias"]).all(), unweighted
 
 # %%
 fig = figures.figure_f3(results_dir, out=results.figures_dir(smoke))

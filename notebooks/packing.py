@@ -61,7 +61,12 @@ display(Markdown(
     f"the padded layout.\n- *Paper:* {studies.PAPER['F4']}"))
 
 # %%
-packed = bench[bench["layout"] != "padded"]
-assert (packed["valid_token_density"] > bench.loc[bench["layout"] == "padded", "valid_token_density"].item()).all()
+# Dense packing searches the row width including the longest sequence's (one row per sequence at worst), so it never
+# processes more slots than padding: >= holds for any batch (the smoke step's rows fit one padded micro-batch). That
+# it is strictly denser, and the shared layout too, depends on the lengths sampled, so it is checked at full size.
+padded_density = bench.loc[bench["layout"] == "padded", "valid_token_density"].item()
+dense = bench[bench["layout"].str.startswith("packed")]
+assert (dense["valid_token_density"] >= padded_density - 1e-12).all(), bench
 if not smoke:
+    assert (bench[bench["layout"] != "padded"]["valid_token_density"] > padded_density).all(), bench
     assert bench.loc[bench["layout"] == "packed C=256", "valid_token_density"].item() >= 0.95

@@ -29,6 +29,15 @@ def embedded():
     return load_policy("embedded")
 
 
+@pytest.fixture(scope="session")
+def embedded64(embedded):
+    """The embedded policy in float64 (a copy), for checks that two computations agree: in float64 their rounding
+    differences (~1e-15) cannot decide a verdict, whatever CPU, kernel or thread count computed them."""
+    import copy
+
+    return copy.deepcopy(embedded[0]).double(), embedded[1]
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -6,6 +6,7 @@ finds the process group the same way. accelerate 1.15 maps FSDP only onto accele
 CPU runs DDP), so the FSDP path is exercised with torch's own `fully_shard` on gloo (`test_fsdp_*`).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -42,17 +43,33 @@ def test_two_processes_make_the_same_step_as_one(tmp_path, embedded):
         (tmp_path / str(n)).mkdir()
         _torchrun(n, str(WORKER), "one_step", str(tmp_path / str(n)), *args)
     one, two = (load_file(str(tmp_path / str(n) / "params.safetensors")) for n in (1, 2))
+    g1, g2 = (load_file(str(tmp_path / str(n) / "grads.safetensors")) for n in (1, 2))
     initial = embedded[0].state_dict()
-    moved = max(float((one[k] - initial[k]).abs().max()) for k in one)
-    diff = max(float((one[k] - two[k]).abs().max()) for k in one)
-    print(f"max |param| change {moved:.2e}; 1 vs 2 processes max |diff| {diff:.2e}")
-    assert moved > 1e-4  # the step moved the weights (two Adam updates at lr 3e-4)
-    assert diff <= 1e-5
+    # The gradient (of the first of the two optimizer steps) is the same sum in another order: equal to rounding,
+    # relative to its norm. The parameters after two Adam steps are compared in norm, not per element: Adam's step
+    # lr g / (|g| + eps) turns a rounding difference in an element whose gradient cancels to ~eps into a difference
+    # up to 2 lr in that element, so a per-element bound depends on the model; a handful of such elements move the
+    # update's norm by ~2 lr each against ~lr sqrt(#params) ~ 1e3 lr for the whole update.
+    grad_norm = sum(float(g1[k].double().pow(2).sum()) for k in g1) ** 0.5
+    grad_diff = sum(float((g1[k] - g2[k]).double().pow(2).sum()) for k in g1) ** 0.5
+    update_norm = sum(float((one[k] - initial[k]).double().pow(2).sum()) for k in one) ** 0.5
+    update_diff = sum(float((one[k] - two[k]).double().pow(2).sum()) for k in one) ** 0.5
+    print(f"gradient: norm {grad_norm:.3e}, 1 vs 2 processes {grad_diff:.2e}; update: norm {update_norm:.3e}, "
+          f"1 vs 2 processes {update_diff:.2e}")
+    assert set(g1) == set(g2) and grad_norm > 0
+    assert grad_diff <= 1e-5 * grad_norm
+    assert update_norm > 1e-4  # the step moved the weights (two Adam updates at lr 3e-4)
+    assert update_diff <= 1e-2 * update_norm
     r1, r2 = (yaml.safe_load((tmp_path / str(n) / "record.yaml").read_text()) for n in (1, 2))
     for key in ("reward", "kept/completion_frac", "loss/normaliser", "tokens/trained", "tokens/generated"):
-        assert r1[key] == r2[key], key
-    for key in ("loss", "grad_norm", "approx_kl", "kl", "clip_frac/region"):
+        assert r1[key] == r2[key], key  # fixed rollouts, the same masks: exact
+    for key in ("loss", "grad_norm"):  # the first pass's values: rounding only
         assert r1[key] == pytest.approx(r2[key], rel=1e-4, abs=1e-7), key
+    # after the first update the two runs' weights differ by rounding (above), so the second epoch's statistics may
+    # differ a little: one token across a clip boundary moves the clip fraction by 1/tokens, the KL terms O(1e-6)
+    assert abs(r1["clip_frac/region"] - r2["clip_frac/region"]) <= 1.0 / r1["tokens/trained"] + 1e-12
+    for key in ("approx_kl", "kl"):
+        assert r1[key] == pytest.approx(r2[key], rel=1e-2, abs=1e-6), key
 
 
 RUN = dict(train_size=24, epochs=100, eval_size=4, eval_samples=1, prompts_per_step=6, group_size=4,
@@ -60,9 +77,28 @@ RUN = dict(train_size=24, epochs=100, eval_size=4, eval_samples=1, prompts_per_s
            completion_prune_rate=0.5, save_every=2, eval_every=5, keep_checkpoints=2)
 
 
+def _data_with_sure_candidates(tmp_path: Path) -> Path:
+    """The embedded task's first RUN["train_size"] training problems as a data file, with the 6 prompts that step 5
+    covers (the first of epoch 2 in the seeded order, which depends on the seed alone) given an answer no model
+    writes: their groups are all-wrong (zero variance) in epoch 1 on any machine, so step 5 has exactly 6 prompt
+    candidates and fixed_count drops exactly 3 of them, whatever the model samples."""
+    from dppo.composition import PromptStream
+    from dppo.task import make_train
+
+    n = RUN["train_size"]
+    problems = make_train(n, seed=0)
+    unanswerable = set(PromptStream(n, seed=0, limit=2 * n).order(1)[:RUN["prompts_per_step"]])
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"question": p.prompt, "answer": "-987654" if i in unanswerable else p.answer})
+                            + "\n" for i, p in enumerate(problems)))
+    return path
+
+
 def _train(tmp_path: Path, name: str, **over) -> Path:
     cfg = tmp_path / f"{name}.yaml"
-    cfg.write_text(yaml.safe_dump({**RUN, "output_dir": str(tmp_path / name), **over}))
+    data = {"dataset": str(_data_with_sure_candidates(tmp_path)), "prompt_template": "{question}",
+            "prune_sampling": "fixed_count"}
+    cfg.write_text(yaml.safe_dump({**RUN, **data, "output_dir": str(tmp_path / name), **over}))
     _torchrun(2, "-m", "dppo.cli", "train", "--config", str(cfg))
     return tmp_path / name
 
@@ -78,7 +114,7 @@ def test_two_process_run_logs_once_and_resumes_like_an_uninterrupted_run(tmp_pat
     assert sorted(p.name for p in (full / "checkpoints").iterdir()) == ["step_4", "step_5"]  # keep_checkpoints 2
     assert (full / "final" / "model.safetensors").is_file()
     m = read_metrics(full / "metrics.jsonl")
-    assert any(r.get("kept/prompt_frac", 1.0) < 1.0 for r in m[1:]), "the prompt stage never pruned"
+    assert m[5]["kept/prompt_frac"] == 0.5, "step 5 has 6 sure candidates: fixed_count at rate 0.5 drops 3"
     cut = _train(tmp_path, "cut", max_steps=3)  # stops after step 3 (checkpoint step_3) ...
     _train(tmp_path, "cut", max_steps=5)  # ... and resumes from it
     assert [r["step"] for r in read_metrics(cut / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]
@@ -96,5 +132,5 @@ def test_fsdp_sharded_scoring_gradients_and_weight_gather(tmp_path, embedded):
     assert len(ranks) == 2
     for rank, sharded, grad_diff, weight_diff, ref_diff in ranks:
         assert sharded
-        assert grad_diff <= 1e-5, (rank, grad_diff)
+        assert grad_diff <= 1e-4, (rank, grad_diff)  # relative (a wrong W or averaging would be off by 0.5 or more)
         assert weight_diff == 0.0 and ref_diff == 0.0, (rank, weight_diff, ref_diff)

@@ -14,6 +14,7 @@ from dppo.losses import grpo_advantages
 from dppo.pruning import DPPO, BiasedDPPO, completion_candidates, prune_step
 from dppo.task import make_train
 from dppo.variance import bias_and_variance, closed_form_variance, coefficients, per_sample_gram, rollout
+from masks import enumerate_draws, expectation
 
 B, G = 4, 4
 N = B * G
@@ -24,14 +25,16 @@ def setup(embedded):
     model, tok = embedded
     problems = make_train(B, seed=11)
     batch, rewards = rollout(model, tok, [p.prompt for p in problems], [p.answer for p in problems], G, seed=3)
-    rewards[0] = 1.0  # make sure of a zero-variance group and an informative one
-    rewards[1, :2], rewards[1, 2:] = 1.0, 0.0
+    # Rewards and lengths fixed by construction (the sampled completions only shape the gradients): the candidates,
+    # and so every mask the pruners draw from a seeded generator, are the same on any machine. Group 0 is
+    # zero-variance, groups 1-3 informative (group 3's three wrong completions are completion-stage candidates).
+    rewards = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
     adv = grpo_advantages(rewards)
     gram, _ = per_sample_gram(model, tok, batch, adv, kl_coef=0.1, seed=0)  # clipped surrogate + beta * k3 KL
     history = PromptHistory()
     for k in (0, 1):  # prompts 0 and 1 were zero-variance when last seen; 2 and 3 are new
         history.update(k, [1.0] * G, [0.0] * G, [10] * G, step=0)
-    lengths = [len(c) for c in batch.completion_ids]
+    lengths = [6 + 5 * (n % 3) for n in range(N)]
     return rewards, adv, gram, history, lengths
 
 
@@ -43,20 +46,61 @@ def _mc_check(coef, gram):
 
 @pytest.mark.parametrize("mode", ["bernoulli", "fixed_count"])
 def test_monte_carlo_gradient_matches_full_batch(setup, mode):
+    """The masks as the trainer draws them: the mean of 4000 draws is within 3 Monte-Carlo standard errors of grad L.
+    For an unbiased estimator E[err^2] = se^2 exactly, so err > 3 se has probability below 1/9 (Markov) on any batch
+    and about 0.3% when one direction dominates (chi-square, 1 dof); the exact test below carries the verdict."""
     rewards, adv, gram, history, _ = setup
     dppo = DPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode)
     cos, err, se = _mc_check(coefficients(dppo, rewards, history, 4000), gram)
     assert cos > 0.99 and err < 3 * se, (cos, err, se)
-    biased = BiasedDPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode)
-    cos_b, err_b, se_b = _mc_check(coefficients(biased, rewards, history, 4000), gram)
-    assert err_b > 3 * se_b, (cos_b, err_b, se_b)  # the same test catches the unweighted estimator
+
+
+def _expected_coefficients(pruner, rewards, history) -> torch.Tensor:
+    """E[c] [N] over every outcome of every mask the step draws (tests/masks.py enumerates them from the sampling
+    modes' definitions, not from dppo.pruning's sampler)."""
+    return expectation(lambda: coefficients(pruner, rewards, history, 1)[0])
+
+
+@pytest.mark.parametrize("mode", ["bernoulli", "fixed_count"])
+def test_exact_expected_gradient_weighted_vs_unweighted(setup, mode):
+    """Exact over all masks, so the verdict does not depend on the batch the machine happened to sample:
+    E[grad L_hat] = (E c) @ grad l, and ||E c - 1/N||_K is the bias. DPPO's is zero up to float64 rounding (~1e-16 of
+    ||grad L||). The unweighted estimator (BiasedDPPO: the same masks, no 1/pi, a plain mean over what it kept) has
+    E c summing to 1 but smaller on candidates than on the items it always keeps, so its bias is the norm of a
+    non-zero contrast of per-sample gradients: zero only if those gradients cancel exactly, which no real batch does.
+    The margin, 1e-6 of ||grad L||, is ten orders of magnitude above the rounding floor and far below any real bias
+    (0.1-0.5 of ||grad L|| on the batches seen)."""
+    rewards, _, gram, history, _ = setup
+    full = torch.full((N,), 1.0 / N, dtype=torch.float64)
+    full_norm = float(torch.sqrt(full @ gram @ full))
+
+    def bias(expected):
+        diff = expected - full
+        return float(torch.sqrt(torch.clamp(diff @ gram @ diff, min=0.0)))
+
+    unbiased = _expected_coefficients(DPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode), rewards, history)
+    torch.testing.assert_close(unbiased, full, rtol=0, atol=1e-12)
+    assert bias(unbiased) < 1e-9 * full_norm
+    biased = _expected_coefficients(BiasedDPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode), rewards, history)
+    assert float(biased.sum()) == pytest.approx(1.0, abs=1e-12)  # a plain mean over the kept rows
+    assert bias(biased) > 1e-6 * full_norm, (bias(biased), full_norm)
+
+
+def _exact_moments(pruner, rewards, history) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E c [N], Cov c [N, N]) over every mask outcome (tests/masks.py)."""
+    outcomes = enumerate_draws(lambda: coefficients(pruner, rewards, history, 1)[0])
+    mean = sum(p * c for p, c in outcomes)
+    return mean, sum(p * torch.outer(c - mean, c - mean) for p, c in outcomes)
 
 
 @pytest.mark.parametrize("rate", [0.3, 0.5, 0.7, 0.9])
 def test_variance_matches_closed_form(setup, rate):
     """Bernoulli masks: tr Cov[grad L_hat] = sum_items (1/pi - 1) ||grad item||^2 / (B G)^2 (docs/method.md §2.7), with
     items = completions (completion stage) or whole groups (prompt stage); both stages together:
-    sum_b [(1/pi_b - 1) ||S_b||^2 + (1/pi_b) sum_i (1/pi_bi - 1) ||g_bi||^2] / (B G)^2."""
+    sum_b [(1/pi_b - 1) ||S_b||^2 + (1/pi_b) sum_i (1/pi_bi - 1) ||g_bi||^2] / (B G)^2.
+    Exact on both sides: tr Cov[grad L_hat] = <Cov c, K> with Cov c enumerated over every mask outcome. The trainer's
+    own random draws are checked against the enumerated moments of c, which do not involve the model: with the
+    rewards fixed by construction those draws, and so that verdict, are the same on every machine."""
     rewards, adv, gram, history, _ = setup
     sq = torch.diagonal(gram)  # ||grad l_n||^2
     group = torch.zeros(B, N, dtype=torch.float64)
@@ -73,19 +117,28 @@ def test_variance_matches_closed_form(setup, rate):
                  ((1 / pi_q - 1) * sq_group).sum() + (group @ ((1 / pi_o - 1) * sq) / pi_q).sum()),
     }
     for name, (pruner, closed) in cases.items():
-        measured = bias_and_variance(coefficients(pruner, rewards, history, 6000, seed=1), gram)["variance"]
-        assert measured == pytest.approx(closed.item() / N**2, rel=0.10), name
+        mean, cov = _exact_moments(pruner, rewards, history)
+        assert float((cov * gram).sum()) == pytest.approx(closed.item() / N**2, rel=1e-9), name
         # dppo.variance (F3) agrees, from the pruner's own probabilities
         library = closed_form_variance(gram, pruner, history, rewards, adv)["variance"]
         assert library == pytest.approx(closed.item() / N**2, rel=1e-12), name
+        # the sampler: 6000 draws' mean coefficient within 5 standard errors of E c, every coordinate
+        draws = coefficients(pruner, rewards, history, 6000, seed=1)
+        se = torch.sqrt(torch.diagonal(cov) / draws.shape[0])
+        assert torch.all((draws.mean(0) - mean).abs() <= 5 * se + 1e-15), name
     # the proportional rule: its completion probabilities depend on which prompts were rolled out, so only the
-    # enumeration over prompt masks is exact; measured against it (two rates: the Monte-Carlo is the slow part)
+    # enumeration over prompt masks is exact; the Monte-Carlo variance is measured against it within 5 of its own
+    # standard errors (estimated from the draws: the per-draw quadratic form is heavy-tailed at small pi, so a fixed
+    # relative tolerance would hold on some batches and not others). Two rates: the Monte-Carlo is the slow part.
     if rate not in (0.5, 0.9):
         return
     prop = DPPO(prompt_rate=rate, completion_rate=rate, inclusion="proportional", kl_coef=0.1, kl_estimate=0.1)
     exact = closed_form_variance(gram, prop, history, rewards, adv)
-    measured = bias_and_variance(coefficients(prop, rewards, history, 6000, seed=1), gram)["variance"]
-    assert measured == pytest.approx(exact["variance"], rel=0.10)
+    coef = coefficients(prop, rewards, history, 6000, seed=1)
+    centred = coef - coef.mean(0)
+    per_draw = torch.einsum("dn,nm,dm->d", centred, gram, centred)
+    measured, se = float(per_draw.mean()), float(per_draw.std() / per_draw.numel() ** 0.5)
+    assert abs(measured - exact["variance"]) <= 5 * se + 1e-3 * exact["variance"], (measured, exact["variance"], se)
     uniform = closed_form_variance(gram, cases["both"][0], history, rewards, adv)
     assert exact["kept"] == pytest.approx(uniform["kept"], rel=1e-9) and exact["rolled"] == pytest.approx(uniform["rolled"])
 

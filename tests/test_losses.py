@@ -108,12 +108,13 @@ def test_weight_one_normaliser_BG_is_plain_grpo(seed):
     rewards = torch.randint(0, 2, (B, G), generator=g).float()
     rewards[0] = 1.0  # include a zero-variance group
     lengths = torch.randint(1, T + 1, (B * G,), generator=g).tolist()
-    mask = torch.tensor([[1.0] * n + [0.0] * (T - n) for n in lengths])
-    old = -torch.rand(B * G, T, generator=g)
-    logp = old + 0.4 * torch.randn(B * G, T, generator=g)  # some ratios outside the clip range
-    adv = grpo_advantages(rewards).reshape(-1)
-    loss, _ = policy_objective(logp, old, adv, mask, torch.ones(B * G), float(B * G))
-    assert loss.item() == pytest.approx(_plain_grpo_loss(logp.tolist(), old.tolist(), rewards, lengths), rel=1e-5)
+    mask = torch.tensor([[1.0] * n + [0.0] * (T - n) for n in lengths], dtype=torch.float64)
+    old = -torch.rand(B * G, T, generator=g, dtype=torch.float64)
+    logp = old + 0.4 * torch.randn(B * G, T, generator=g, dtype=torch.float64)  # some ratios outside the clip range
+    adv = grpo_advantages(rewards.double()).reshape(-1)
+    loss, _ = policy_objective(logp, old, adv, mask, torch.ones(B * G, dtype=torch.float64), float(B * G))
+    # float64 on both sides: the bound does not depend on the CPU's float32 summation order
+    assert loss.item() == pytest.approx(_plain_grpo_loss(logp.tolist(), old.tolist(), rewards, lengths), rel=1e-12)
 
 
 def test_policy_objective_kl_requires_reference():
