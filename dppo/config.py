@@ -171,7 +171,8 @@ class TrainConfig:
     micro_batch_size: int = _f(64, "Rows per forward/backward (gradient accumulation inside a minibatch).")
     lr: float = _f(1e-3, "AdamW learning rate.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
-    warmup_steps: int = _f(10, "Linear learning-rate warm-up, in steps.")
+    warmup_steps: int = _f(10, "Linear learning-rate warm-up over this many training steps (not optimizer updates): "
+                                "step k uses lr x min(1, (k + 1) / warmup_steps), the same for any number of processes.")
     max_grad_norm: float = _f(1.0, "Gradient clipping norm (0 = off).")
     # ---- evaluation and saving
     eval_every: int = _f(50, "Evaluate every this many steps (and after the last).")

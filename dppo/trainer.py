@@ -81,6 +81,13 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]
     return train, evals
 
 
+def learning_rate(cfg: TrainConfig, step: int) -> float:
+    """The learning rate of training step `step` (0-based): linear warm-up over `warmup_steps` training steps, then
+    constant, lr x min(1, (step + 1) / warmup_steps). Every optimizer update of the step (ppo_epochs x
+    num_minibatches of them) uses it, and it depends on the step alone: 1 and N processes follow one schedule."""
+    return cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
+
+
 def prompt_template(cfg: TrainConfig) -> str:
     """cfg.prompt_template, or the model's own when empty: the embedded task's format on the embedded models (what
     their warm-start taught), the MATH instruction on any other."""
@@ -156,9 +163,10 @@ class Trainer:
         self.shape = ModelShape.of(policy)  # FLOPs of each phase (dppo.cost)
         self.flops: dict[str, float] = dict.fromkeys(("rollout", "old_logprob", "ref_logprob", "update"), 0.0)
         scorer = TokenLogprobs(policy)  # what DDP / FSDP wrap: the vocabulary projection inside the wrapped forward
-        opt = torch.optim.AdamW(scorer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
-        self.model, self.opt, self.sched = self.accelerator.prepare(scorer, opt, sched)
+        opt = torch.optim.AdamW(scorer.parameters(), lr=learning_rate(cfg, 0), weight_decay=cfg.weight_decay)
+        # no scheduler object: accelerate's wrapper would step it once per process per call, and each training step
+        # sets its own rate (`learning_rate`), so the schedule is the same for 1 and N processes and after a resume
+        self.model, self.opt = self.accelerator.prepare(scorer, opt)
         if self.scaler is not None:
             self.accelerator.register_for_checkpointing(self.scaler)
         rollout_model = self.policy
@@ -253,6 +261,9 @@ class Trainer:
         for j, k in enumerate(step.rolled):
             self.history.update(k, step.rewards[j].tolist(), step.advantages[j].abs().tolist(),
                                 step.lengths[j].tolist(), self.step)
+        lr = learning_rate(cfg, self.step)  # every optimizer update of this step uses it
+        for group in self.opt.param_groups:
+            group["lr"] = lr
         stats = self.update(batch, step.rows.tolist(), step.advantages.reshape(-1), step.weights, step.normaliser,
                             timer)
         self.skip_streak = self.skip_streak + 1 if stats["skipped_updates"] else 0
@@ -277,7 +288,7 @@ class Trainer:
             "tokens/generated": batch.num_tokens, "completion_length/mean": lengths.mean().item() if n_rolled else 0.0,
             "throughput/rollout_tokens_per_s": batch.num_tokens / max(1e-9, timer.times["rollout"]),
             "completion_length/truncated_frac": sum(batch.truncated) / max(1, len(batch.truncated)),
-            **stats, "skipped_steps": self.skipped_steps, **extra_stats, "lr": self.sched.get_last_lr()[0],
+            **stats, "skipped_steps": self.skipped_steps, **extra_stats, "lr": lr,
             **{f"timing_s/{k}": v for k, v in timer.times.items()}, **{f"cpu_s/{k}": v for k, v in timer.cpu.items()},
             **{f"flops/{k}": v for k, v in self.flops.items()},
         }
@@ -386,8 +397,6 @@ class Trainer:
                         self.opt.step()
                     else:  # a NaN / inf loss or gradient never reaches the weights (nor a checkpoint)
                         n_skipped += 1
-                        continue
-                    self.sched.step()
         self.opt.zero_grad(set_to_none=True)  # gradients freed before the next rollout (vLLM wakes into that memory)
         self.model.eval()
         if W > 1:  # every rank's share of the loss and diagnostics, added up
@@ -527,7 +536,7 @@ class Trainer:
                           f"reward variance, so no gradient ({why})", RunWarning, stacklevel=2)
 
     def save_checkpoint(self) -> None:
-        """accelerate's state (model, optimizer, scheduler, every rank's RNG) + the trainer's step state, written to
+        """accelerate's state (model, optimizer, every rank's RNG) + the trainer's step state, written to
         `.step_N.tmp` and renamed to `step_N` when complete (a kill never leaves a half checkpoint under a valid
         name); only the newest `keep_checkpoints` are kept. Every rank enters (FSDP gathers); the main writes."""
         ckpts = self.out / "checkpoints"
@@ -561,7 +570,8 @@ class Trainer:
                 "config": self.cfg.to_dict(), "train_data": data_fingerprint(self.train)}
 
     def maybe_resume(self) -> bool:
-        """Restore model, optimizer, scheduler, RNG and data position from the newest readable checkpoint (a
+        """Restore model, optimizer, RNG and data position (the learning rate follows from the step) from the newest
+        readable checkpoint (a
         corrupt one is passed over, and said so); metrics.jsonl is cut back to that step so a resumed run's log
         equals an uninterrupted one. A checkpoint made with another config (a field outside
         `runfiles.RESUMABLE_CHANGES`) or other training data stops the run with one line."""

@@ -1,6 +1,7 @@
 """Run under torchrun by tests/test_distributed.py (one copy per process, gloo on CPU).
 
-    one_step OUT [field=value ...]   one Trainer step on fixed rollouts; the main rank saves the parameters
+    one_step OUT [field=value ...]   Trainer steps (worker_steps=N, default 1) on fixed rollouts; the main rank saves
+                                     the parameters, the first step's gradient and record, every step's lr
     fsdp OUT                         FSDP2 (fully_shard) of TokenLogprobs: log-probs, gradients, gathered weights
 """
 
@@ -48,6 +49,7 @@ def one_step(out: str, fields: dict) -> None:
 
     from dppo.trainer import Trainer
 
+    steps = int(fields.pop("worker_steps", 1))
     tr = Trainer(TrainConfig.from_dict({**fields, "output_dir": out + "/run"}))
     tr.engine = FixedRollout(tr.tok, {p.prompt: p.answer for p in tr.train})
     first_grads = {}
@@ -57,13 +59,16 @@ def one_step(out: str, fields: dict) -> None:
             first_grads.update({k: v.grad.detach().clone() for k, v in tr.policy.named_parameters() if v.grad is not None})
 
     tr.opt.optimizer.register_step_pre_hook(keep_first_gradient)
-    record = tr.train_step()
+    records = [tr.train_step() for _ in range(steps)]
+    record = records[0]
     if tr.is_main:
         state = {k: v.detach().clone() for k, v in tr.policy.state_dict().items()}
         save_file(state, out + "/params.safetensors")
         save_file(first_grads, out + "/grads.safetensors")
         with open(out + "/record.yaml", "w") as f:
             yaml.safe_dump({k: v for k, v in record.items() if not k.startswith("timing_s")}, f)
+        with open(out + "/lrs.yaml", "w") as f:
+            yaml.safe_dump([r["lr"] for r in records], f)
 
 
 def fsdp(out: str) -> None:

@@ -72,6 +72,26 @@ def test_two_processes_make_the_same_step_as_one(tmp_path, embedded):
         assert r1[key] == pytest.approx(r2[key], rel=1e-2, abs=1e-6), key
 
 
+def test_the_learning_rate_schedule_counts_training_steps_for_any_number_of_processes(tmp_path, embedded):
+    """Warm-up over training steps, as documented: with warmup_steps 10 and 2 optimizer updates per step (ppo_epochs
+    2), steps 0-2 use lr x 1/10, 2/10, 3/10 on 1 process and on 2 (accelerate's scheduler wrapper used to step a
+    prepared scheduler once per process per call: 2 processes warmed up twice as fast), and the 3 steps end with the
+    same parameters."""
+    fields = {**ONE_STEP, "warmup_steps": 10, "worker_steps": 3}
+    args = [f"{k}={v}" for k, v in fields.items()]
+    for n in (1, 2):
+        (tmp_path / str(n)).mkdir()
+        _torchrun(n, str(WORKER), "one_step", str(tmp_path / str(n)), *args)
+    lrs = [yaml.safe_load((tmp_path / str(n) / "lrs.yaml").read_text()) for n in (1, 2)]
+    want = [ONE_STEP["lr"] * (k + 1) / 10 for k in range(3)]
+    assert lrs[0] == pytest.approx(want, rel=1e-12) and lrs[1] == pytest.approx(want, rel=1e-12), lrs
+    one, two = (load_file(str(tmp_path / str(n) / "params.safetensors")) for n in (1, 2))
+    initial = embedded[0].state_dict()
+    update_norm = sum(float((one[k] - initial[k]).double().pow(2).sum()) for k in one) ** 0.5
+    update_diff = sum(float((one[k] - two[k]).double().pow(2).sum()) for k in one) ** 0.5
+    assert update_norm > 0 and update_diff <= 1e-2 * update_norm, (update_diff, update_norm)  # as above
+
+
 RUN = dict(train_size=24, epochs=100, eval_size=4, eval_samples=1, prompts_per_step=6, group_size=4,
            max_new_tokens=32, warmup_steps=1, lr=2e-4, pruner="dppo", prompt_prune_rate=0.5,
            completion_prune_rate=0.5, save_every=2, eval_every=5, keep_checkpoints=2)
