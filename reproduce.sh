@@ -35,8 +35,17 @@ if [ -n "$study" ]; then
   [ -f "notebooks/$study.ipynb" ] || fail "--study must be one of: ${STUDIES[*]} paper_figures train, got '$study'"
   STUDIES=("$study")
 fi
-bash scripts/bootstrap.sh
-if [ ${#train[@]} -gt 0 ]; then exec .venv/bin/dppo train --config "${train[@]}"; fi
+if [ "$profile" = paper ] && [ "$dry_run" = 0 ]; then  # GPUs first: never install CUDA wheels where none can run
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 || fail "--profile paper needs NVIDIA GPUs \
+(nvidia-smi finds none here); --profile paper --dry-run prints the plan on any machine"
+  bash scripts/bootstrap.sh gpu
+  VENV=.venv-gpu
+  "$VENV/bin/python" -m dppo.launch --check-gpu || exit 2
+else
+  bash scripts/bootstrap.sh
+  VENV=.venv
+fi
+if [ ${#train[@]} -gt 0 ]; then exec "$VENV/bin/dppo" train --config "${train[@]}"; fi
 if [ "$lab" = 1 ]; then  # as root (containers) jupyter refuses to start without --allow-root
   exec .venv/bin/jupyter lab notebooks/ $([ "$(id -u)" = 0 ] && echo --allow-root); fi
 if [ "$dry_run" = 1 ]; then
@@ -53,7 +62,7 @@ summary=() t_all=$SECONDS
 run_notebook() {  # name, then papermill's extra arguments
   local nb="$1" t0=$SECONDS; shift
   echo "[reproduce] $(date +%T) study $nb (notebooks/$nb.ipynb -> experiments/results/notebooks/$nb.ipynb)" >> "$DPPO_PROGRESS_FILE"
-  DPPO_SMOKE=0 .venv/bin/papermill "notebooks/$nb.ipynb" "experiments/results/notebooks/$nb.ipynb" --cwd . \
+  DPPO_SMOKE=0 "$VENV/bin/papermill" "notebooks/$nb.ipynb" "experiments/results/notebooks/$nb.ipynb" --cwd . \
     --no-progress-bar "$@"
   summary+=("$(awk -v n="$nb" -v s=$((SECONDS - t0)) 'BEGIN { printf "%-18s %5.1f min", n, s / 60 }')")
 }

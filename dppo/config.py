@@ -51,6 +51,9 @@ class TrainConfig:
     output_dir: str = _f("experiments/results/cpu/grpo", "Run folder: config.yaml, metrics.jsonl, checkpoints/, final/.")
     seed: int = _f(0, "Seed of data order, sampling and initialisation; CPU runs are deterministic given it.")
     resume: bool = _f(True, "Continue from the newest checkpoint in output_dir if there is one.")
+    process_group_timeout_s: int = _f(7200, "Seconds a rank waits at a collective before the process group gives "
+                                      "up (torch's default is 600): the first run on a node downloads the model and "
+                                      "data on one rank while the others wait.")
     # ---- model
     model_name_or_path: str = _f("embedded", "'embedded' (tiny Qwen3 built locally; 'embedded-large': twice "
                                  "the depth), a local model dir, or hf:<repo id>.")
@@ -211,7 +214,7 @@ class TrainConfig:
         for name in ("prompts_per_step", "max_new_tokens", "ppo_epochs", "num_minibatches", "micro_batch_size",
                      "rollout_batch_size", "eval_every", "eval_samples", "save_every", "keep_checkpoints",
                      "train_size", "eval_size", "dapo_max_rounds", "pack_capacity", "micro_batch_tokens",
-                     "vllm_tensor_parallel_size", "max_skipped_steps"):
+                     "vllm_tensor_parallel_size", "max_skipped_steps", "process_group_timeout_s"):
             _check(int(getattr(self, name)) >= 1, name, "an integer >= 1", getattr(self, name))
         for name in ("max_steps", "warmup_steps", "top_k", "refill_window", "rollout_token_budget",
                      "vllm_max_model_len", "zero_variance_warn_steps"):

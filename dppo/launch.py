@@ -35,6 +35,38 @@ def check_launch(launch: dict) -> dict:
     return out
 
 
+def gpu_environment_problems() -> list[str]:
+    """What the paper profile needs and this environment lacks: CUDA GPUs for torch, vLLM, flash-attn."""
+    import importlib.util
+
+    import torch
+
+    problems = []
+    if not torch.cuda.is_available():
+        problems.append(f"CUDA (torch {torch.__version__} sees no GPU)")
+    for module, name in (("vllm", "vLLM"), ("flash_attn", "flash-attn")):
+        if importlib.util.find_spec(module) is None:
+            problems.append(f"{name} (not importable)")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m dppo.launch --check-gpu`: one line and exit status 2 when the paper profile cannot run here."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m dppo.launch", description="checks for launched training runs")
+    ap.add_argument("--check-gpu", action="store_true", help="does this environment have what the paper profile needs")
+    args = ap.parse_args(argv)
+    if args.check_gpu:
+        problems = gpu_environment_problems()
+        if problems:
+            print(f"the paper profile needs {', '.join(problems)}: on an NVIDIA machine, `bash scripts/bootstrap.sh "
+                  f"gpu` installs them into .venv-gpu", file=sys.stderr)
+            return 2
+        print(f"GPU environment ready: {local_gpus()} GPU(s)")
+    return 0
+
+
 def local_gpus() -> int:
     import torch
 
@@ -58,3 +90,7 @@ def launch_run(cfg: TrainConfig, launch: dict) -> None:
     cmd = train_command(out / "launch.yaml", launch)
     print("[launch]", shlex.join(cmd), flush=True)
     subprocess.run(cmd, check=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,7 +27,8 @@ from dppo.config import ConfigError
 RESUMABLE_CHANGES = ("output_dir", "resume", "eval_every", "eval_samples", "eval_samples_per_split",
                      "eval_temperature", "eval_before_train", "save_every", "keep_checkpoints", "max_steps",
                      "rollout_batch_size", "micro_batch_size", "micro_batch_tokens", "gradient_checkpointing",
-                     "vllm_gpu_memory_utilization", "max_skipped_steps", "zero_variance_warn_steps")
+                     "vllm_gpu_memory_utilization", "max_skipped_steps", "zero_variance_warn_steps",
+                     "process_group_timeout_s")
 
 _HELD: set[str] = set()  # lock files this process holds
 

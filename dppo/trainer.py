@@ -125,14 +125,17 @@ class Timer:
 
 class Trainer:
     def __init__(self, cfg: TrainConfig):
+        from datetime import timedelta
+
         from accelerate import Accelerator
-        from accelerate.utils import DistributedDataParallelKwargs, DistributedType
+        from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs
 
         self.cfg = cfg.validate().check_machine()
         self.out = check_output_dir(cfg.output_dir)  # refuses '', '.', home, a file, an unwritable folder
         # DDP's per-forward buffer broadcast is off: ranks run their own no-grad passes (the buffers are constants)
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(),
-                                       kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[
+            DistributedDataParallelKwargs(broadcast_buffers=False),
+            InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.process_group_timeout_s))])
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
         self.is_main = self.accelerator.is_main_process
         self.fsdp = self.accelerator.distributed_type == DistributedType.FSDP

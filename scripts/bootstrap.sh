@@ -8,6 +8,11 @@
 #                                     torch==2.13.0 and transformers < 5.20), for the vLLM tests; the main environment
 #                                     never depends on vLLM. The torchvision / torchaudio / torchcodec it pulls in do
 #                                     not load with that torch and are removed.
+#   bash scripts/bootstrap.sh gpu     .venv-gpu, on an NVIDIA machine, for the paper profile: vLLM (the version the
+#                                     weight push is tested against, 0.32) with the CUDA torch it pins, dppo with
+#                                     its dev and gpu extras (datasets), then flash-attn built against that torch
+#                                     (needs the CUDA toolkit's nvcc unless pip finds a matching wheel). In that order:
+#                                     vLLM replaces any other torch, and flash-attn must match the final one.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MODE="${1:-main}"
@@ -16,7 +21,9 @@ TORCH_SPEC="${DPPO_TORCH_SPEC:-torch==2.13.0}"
 case "$MODE" in
   main) VENV="${DPPO_VENV:-.venv}"; probe="import dppo, torch" ;;
   vllm) VENV="${DPPO_VLLM_VENV:-.venv-vllm}"; probe="import dppo, vllm"; TORCH_SPEC="torch==2.13.0" ;;
-  *) echo "bootstrap.sh: mode must be main or vllm, got '$MODE'" >&2; exit 2 ;;
+  gpu) VENV="${DPPO_GPU_VENV:-.venv-gpu}"; TORCH_SPEC="(vLLM's)"
+       probe="import dppo, vllm, flash_attn, torch; assert torch.cuda.is_available()" ;;
+  *) echo "bootstrap.sh: mode must be main, vllm or gpu, got '$MODE'" >&2; exit 2 ;;
 esac
 want="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1) $MODE $TORCH_SPEC"
 stamp="$VENV/.dppo-installed"
@@ -27,6 +34,17 @@ echo "[bootstrap] setting up $VENV (python: $($PY --version 2>&1))"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
 pip install -q --upgrade pip
+if [ "$MODE" = gpu ]; then
+  pip install -q "vllm==0.32.*"  # first: it pins the CUDA torch everything else must use
+  pip install -q -e ".[dev,gpu]"
+  pip install -q "flash-attn==2.8.*" --no-build-isolation  # against the torch above
+  if ! "$VENV/bin/python" -c "$probe" 2>/dev/null; then
+    echo "[bootstrap] $VENV is incomplete: $("$VENV/bin/python" -m dppo.launch --check-gpu 2>&1 | tail -n 1)" >&2
+    exit 1
+  fi
+  echo "$want" > "$stamp"
+  exit 0
+fi
 # shellcheck disable=SC2086
 pip install -q $TORCH_SPEC
 if [ "$MODE" = main ]; then

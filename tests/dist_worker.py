@@ -69,6 +69,10 @@ def one_step(out: str, fields: dict) -> None:
             yaml.safe_dump({k: v for k, v in record.items() if not k.startswith("timing_s")}, f)
         with open(out + "/lrs.yaml", "w") as f:
             yaml.safe_dump([r["lr"] for r in records], f)
+        if torch.distributed.is_initialized():  # the process group's timeout, as the trainer set it
+            backend = torch.distributed.group.WORLD._get_backend(torch.device("cpu"))
+            with open(out + "/timeout.yaml", "w") as f:
+                yaml.safe_dump(backend.options._timeout.total_seconds(), f)
 
 
 def fsdp(out: str) -> None:

@@ -111,7 +111,7 @@ BAD_FIELDS = [  # (override, field named in the error)
 
 
 @pytest.mark.parametrize("override, field", BAD_FIELDS,
-                         ids=[" ".join(getattr(o, "values", [o])[0]) or "empty" for o in BAD_FIELDS])
+                         ids=[" ".join((o.values if hasattr(o, "values") else o)[0]) or "empty" for o in BAD_FIELDS])
 def test_bad_field(capsys, tmp_path, monkeypatch, override, field):
     monkeypatch.chdir(tmp_path)  # '.' and relative paths resolve inside the test's folder (restored after)
     err = one_line_error(capsys, ["train", "--config", GRPO_YAML, "--output_dir", str(tmp_path / "run"), *override])
@@ -245,7 +245,9 @@ def test_eval_of_a_checkpoint_and_of_nonsense(capsys, tmp_path, one_step_run):
                                         (["-f", "missing.yaml"], "not found"), (["--profile", "gpu"], "--profile"),
                                         (["--study", "nonsense"], "--study must be one of"),
                                         (["--train", "missing.yaml"], "not found"),
-                                        (["--profile"], "--profile needs a value")])
+                                        (["--profile"], "--profile needs a value"),
+                                        pytest.param(["--profile", "paper"], "needs NVIDIA GPUs", marks=pytest.mark.skipif(
+                                            _HAS_CUDA, reason="GPUs present: the paper profile would start"))])
 def test_reproduce_flags(tmp_path, args, says):
     env = {**os.environ, "PATH": "/usr/bin:/bin"}  # a bootstrap here would fail loudly: it must not start
     r = subprocess.run(["bash", str(ROOT / "reproduce.sh"), *args], capture_output=True, text=True, env=env,

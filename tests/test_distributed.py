@@ -17,6 +17,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from dppo.config import TrainConfig
 from dppo.trainer import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,6 +91,8 @@ def test_the_learning_rate_schedule_counts_training_steps_for_any_number_of_proc
     update_norm = sum(float((one[k] - initial[k]).double().pow(2).sum()) for k in one) ** 0.5
     update_diff = sum(float((one[k] - two[k]).double().pow(2).sum()) for k in one) ** 0.5
     assert update_norm > 0 and update_diff <= 1e-2 * update_norm, (update_diff, update_norm)  # as above
+    # the process group waits process_group_timeout_s (default 2 h, not torch's 10 min) for a rank that downloads
+    assert yaml.safe_load((tmp_path / "2" / "timeout.yaml").read_text()) == TrainConfig().process_group_timeout_s == 7200
 
 
 RUN = dict(train_size=24, epochs=100, eval_size=4, eval_samples=1, prompts_per_step=6, group_size=4,
