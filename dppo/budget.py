@@ -1,4 +1,4 @@
-"""Dry run of the reproduction: every command it would run and an estimated GPU-hour budget per study.
+"""Dry run of the reproduction: every command it would run, an estimated GPU-hour budget and the disk kept per study.
 
     python -m dppo.budget --profile paper [--study NAME] [--gpus 8]     (./reproduce.sh --profile paper --dry-run)
 
@@ -86,6 +86,16 @@ def run_gpu_hours(cfg: TrainConfig) -> float:
     return seconds / 3600
 
 
+CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 master weights (4) + AdamW's two fp32 moments (8)
+FINAL_BYTES_PER_PARAM = 4  # final/: the fp32 weights
+
+
+def run_disk_bytes(cfg: TrainConfig) -> float:
+    """Disk a finished run keeps: `keep_checkpoints` checkpoints and final/ (Qwen3-4B: 2 x 48 GB + 16 GB)."""
+    n_params = model_params(cfg.model_name_or_path.removeprefix("hf:"))
+    return n_params * (cfg.keep_checkpoints * CHECKPOINT_BYTES_PER_PARAM + FINAL_BYTES_PER_PARAM)
+
+
 def study_params(study: str, profile: str) -> dict:
     """The study notebook's papermill parameters under `profile` (the cpu profile: the notebook defaults)."""
     path = Path(f"experiments/paper/{study}.yaml")
@@ -105,7 +115,7 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
         keys = ("configs", "overrides", "large_model", "rates")
         layouts = registry.study_layouts(study, **{k: params[k] for k in keys if k in params})
         seeds = params.get("seeds", registry.BY_NAME[study].seeds)
-        seen, hours = set(), 0.0
+        seen, hours, disk = set(), 0.0, 0.0
         for layout in layouts.values():
             for cfg_path, over, sub in (spec for specs in registry.runs_for(layout, seeds).values() for spec in specs):
                 out = Path(params.get("results_dir") or registry.RESULTS) / sub
@@ -114,11 +124,13 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
                 seen.add(out)
                 cfg = TrainConfig.load(registry.ROOT / cfg_path, {**over, "output_dir": str(out)})
                 hours += run_gpu_hours(cfg)
+                disk += run_disk_bytes(cfg)
                 if params.get("launch"):
                     commands.append("  " + shlex.join(train_command(out / "launch.yaml", params["launch"], gpus)))
                 else:
                     commands.append(f"  (in the notebook's process) dppo train --config {cfg_path} -> {out}")
-        rows.append({"study": study, "runs": len(seen), "gpu_hours": hours, "hours_on_gpus": hours / gpus})
+        rows.append({"study": study, "runs": len(seen), "gpu_hours": hours, "hours_on_gpus": hours / gpus,
+                     "disk_tb": disk / 1e12})
     return commands, rows
 
 
@@ -133,12 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(commands))
     print(f"\n# estimated budget ({args.profile} profile; H100 bf16 peak {PEAK_FLOPS / 1e12:.0f} TFLOP/s at "
           f"{TRAIN_MFU:.0%} MFU for updates, {DECODE_MFU:.0%} for decoding; dppo.budget states the assumptions)")
-    print(f"| study | training runs | GPU-hours | hours on {args.gpus} GPUs |")
-    print("|---|---:|---:|---:|")
+    print(f"| study | training runs | GPU-hours | hours on {args.gpus} GPUs | disk kept (TB) |")
+    print("|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['study']} | {r['runs']} | {r['gpu_hours']:,.0f} | {r['hours_on_gpus']:,.1f} |")
+        print(f"| {r['study']} | {r['runs']} | {r['gpu_hours']:,.0f} | {r['hours_on_gpus']:,.1f} | {r['disk_tb']:,.2f} |")
     total = sum(r["gpu_hours"] for r in rows)
-    print(f"| **total** | {sum(r['runs'] for r in rows)} | {total:,.0f} | {total / args.gpus:,.1f} |")
+    print(f"| **total** | {sum(r['runs'] for r in rows)} | {total:,.0f} | {total / args.gpus:,.1f} | "
+          f"{sum(r['disk_tb'] for r in rows):,.2f} |")
+    print(f"\ndisk kept per run: keep_checkpoints x {CHECKPOINT_BYTES_PER_PARAM} bytes per parameter (fp32 weights and "
+          f"AdamW state) + {FINAL_BYTES_PER_PARAM} (final/); lower keep_checkpoints in experiments/paper/ to save disk")
     return 0
 
 

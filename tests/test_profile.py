@@ -42,8 +42,12 @@ def test_dry_run_prints_a_launch_per_run_and_a_budget_per_study(dry_run):
             line = next(ln for ln in dry_run.splitlines() if f"{out}/launch.yaml" in ln)
             assert "accelerate.commands.launch --config_file experiments/accelerate/fsdp.yaml" in line
         row = next(ln for ln in dry_run.splitlines() if ln.startswith(f"| {study} |"))
-        n_runs, gpu_hours = row.split("|")[2:4]
+        n_runs, gpu_hours, _, disk_tb = row.split("|")[2:6]
         assert int(n_runs) == len(runs) and float(gpu_hours.replace(",", "")) > 0
+        # the disk the runs keep: checkpoints (12 bytes a parameter each) and final/ (4)
+        want = sum(budget.model_params(c.model_name_or_path.removeprefix("hf:")) * (12 * c.keep_checkpoints + 4)
+                   for c in runs.values()) / 1e12
+        assert float(disk_tb) == pytest.approx(want, abs=0.006), (study, disk_tb, want)
     assert "| **total** |" in dry_run
 
 
