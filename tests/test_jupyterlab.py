@@ -72,15 +72,17 @@ async def _execute(base: str, kernel_id: str, cells: list[str]) -> list[dict]:
             "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
             "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
                         "allow_stdin": False, "stop_on_error": True}}))
-        while True:
+        replied = idle = False  # the shell reply and the iopub outputs come on two channels, in either order:
+        while not (replied and idle):  # a cell is done when both its reply and its iopub 'idle' status arrived
             msg = json.loads(await asyncio.wait_for(ws.read_message(), timeout=300))
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             if msg["channel"] == "iopub":
                 outputs.append(msg)
+                idle = idle or (msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle")
             if msg["msg_type"] == "execute_reply":
                 assert msg["content"]["status"] == "ok", (code[:200], msg["content"])
-                break
+                replied = True
     ws.close()
     return outputs
 
