@@ -140,12 +140,15 @@ T1_CAPTION = ("Main results at CPU scale: embedded Qwen3-architecture model (0.8
 
 def study_layouts(study: str, configs: dict | None = None, overrides: dict | None = None,
                   large_model: str = "embedded-large", rates=T5_RATES) -> dict[str, dict]:
-    """{table: layout} that a study notebook trains, from its papermill parameters (`configs` replaces T1's YAML
-    files by label, `overrides` applies to every run, `large_model` is T3's larger model, `rates` T5's grid)."""
+    """{table: layout} that a study notebook trains, from its papermill parameters: `configs` replaces YAML files,
+    by row label or by the CPU config file a row uses (the paper profile maps experiments/cpu/grpo.yaml and dppo.yaml
+    to its Qwen3 recipes, so T1-T5 train one DPPO recipe and one GRPO recipe), `overrides` applies to every run,
+    `large_model` is T3's larger model, `rates` T5's grid."""
     configs, overrides = configs or {}, overrides or {}
 
     def apply(layout: dict, extra=lambda sub: {}) -> dict:
-        return {k: (configs.get(k, cfg), {**over, **overrides, **extra(sub)}, sub) for k, (cfg, over, sub) in layout.items()}
+        return {k: (configs.get(k, configs.get(cfg, cfg)), {**over, **overrides, **extra(sub)}, sub)
+                for k, (cfg, over, sub) in layout.items()}
     if study == "main_results":
         return {"T1": apply(T1_RUNS)}
     if study == "algorithms":

@@ -23,6 +23,7 @@
 import os
 
 rates = [0.3, 0.5, 0.7]  # r_q and r_o of the T5 grid
+configs = {}  # YAML files by row label or by the CPU config they replace (paper profile: its Qwen3 recipes)
 overrides = {}  # TrainConfig fields applied to every run (paper scale: model, data, setup)
 launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
 results_dir = ""  # root of the run folders ("" = experiments/results; the paper profile: experiments/results/paper/<study>)
@@ -36,7 +37,7 @@ from dppo import figures, results, studies, tables
 if smoke:
     rates = [0.5]
 out = results.figures_dir(smoke)
-layouts = studies.study_layouts("ablations", overrides=overrides, rates=rates)
+layouts = studies.study_layouts("ablations", configs=configs, overrides=overrides, rates=rates)
 runs4 = results.run_layout(layouts["T4"], smoke=smoke, launch=launch, root=results_dir)
 t4 = tables.table(runs4, "GRPO", "T4_ablations", studies.SHORT_CAPTION, "T4", out)
 display(Markdown((out / "T4_ablations.md").read_text()))

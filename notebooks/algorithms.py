@@ -25,6 +25,7 @@
 # %% tags=["parameters"]
 import os
 
+configs = {}  # YAML files by row label or by the CPU config they replace (paper profile: its Qwen3 recipes)
 overrides = {}  # TrainConfig fields applied to every run (e.g. paper-scale model and data)
 launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
 results_dir = ""  # root of the run folders ("" = experiments/results; the paper profile: experiments/results/paper/<study>)
@@ -35,7 +36,7 @@ from IPython.display import Markdown, display
 
 from dppo import results, studies, tables
 
-layout = studies.study_layouts("algorithms", overrides=overrides)["T2"]
+layout = studies.study_layouts("algorithms", configs=configs, overrides=overrides)["T2"]
 runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir)
 out = results.figures_dir(smoke)
 t2 = tables.table(runs, studies.T2_BASE, "T2_algorithms", studies.T2_CAPTION, "T2", out)

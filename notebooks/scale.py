@@ -25,6 +25,7 @@
 # %% tags=["parameters"]
 import os
 
+configs = {}  # YAML files by row label or by the CPU config they replace (paper profile: its Qwen3 recipes)
 overrides = {}  # applied to every run (paper scale: the base model, data and setup)
 large_model = "embedded-large"  # the larger model's model_name_or_path (paper scale: hf:Qwen/Qwen3-8B)
 launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
@@ -38,7 +39,7 @@ from dppo import results, studies, tables
 
 if smoke:  # the larger model takes minutes to build: smoke runs use the small one for both rows
     large_model = "embedded"
-layout = studies.study_layouts("scale", overrides=overrides, large_model=large_model)["T3"]
+layout = studies.study_layouts("scale", configs=configs, overrides=overrides, large_model=large_model)["T3"]
 runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir)
 out = results.figures_dir(smoke)
 t3 = tables.table(runs, studies.T3_BASE, "T3_scale", studies.T3_CAPTION, "T3", out)

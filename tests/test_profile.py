@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from dppo import budget, studies
-from dppo.config import ConfigError, TrainConfig
+from dppo.config import ALGORITHMS, ConfigError, TrainConfig
 from dppo.launch import check_launch, train_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +66,33 @@ def test_paper_runs_keep_two_checkpoints_short_studies_are_short_and_folders_do_
     ablation = budget.run_gpu_hours(next(iter(_paper_runs("ablations").values())))
     full = budget.run_gpu_hours(next(iter(_paper_runs("main_results").values())))
     assert ablation < full / 3
+
+
+# what a row of T1-T5 may change about its method's recipe (its own ablation, algorithm, model or schedule)
+ROW_FIELDS = {"output_dir", "seed", "epochs", "eval_every", "eval_before_train", "keep_checkpoints", "save_every",
+              "train_size", "algorithm", "model_name_or_path", "prompt_prune_rate", "completion_prune_rate", "pruner",
+              "packing", "refill"} | {k for preset in ALGORITHMS.values() for k in preset}  # an algorithm's preset
+
+
+def test_paper_studies_train_one_recipe_per_method_and_padding_free_baselines():
+    """T1-T5 at paper scale: every DPPO run is experiments/paper/dppo_qwen3_4b_math.yaml (and every GRPO run the GRPO
+    recipe) but for the fields its row is about; every run packs densely with DPPO's token budget per forward."""
+    recipes = {name: TrainConfig.load(ROOT / f"experiments/paper/{name}_qwen3_4b_math.yaml").to_dict()
+               for name in ("grpo", "dppo", "dppo_proportional")}
+    dense = recipes["dppo"]
+    assert dense["packing"] == "dense"
+    for study in ("main_results", "algorithms", "scale", "ablations"):
+        for out, cfg in _paper_runs(study).items():
+            d = cfg.to_dict()
+            name = ("dppo_proportional" if d["inclusion"] == "proportional" else
+                    "dppo" if d["pruner"] in ("dppo", "dppo_biased") else "grpo" if d["pruner"] == "none" else None)
+            if name:
+                differ = {k for k in d if d[k] != recipes[name][k]} - ROW_FIELDS
+                assert not differ, (out, {k: (d[k], recipes[name][k]) for k in differ})
+            if d["packing"] != "none":  # T4's "without Dense Prompt Packing" row alone pads
+                assert d["packing"] in ("dense", "shared") and d["micro_batch_tokens"] == dense["micro_batch_tokens"], out
+            else:
+                assert "nopack" in out, out
 
 
 def test_budget_scales_with_model_size_pruning_and_epochs():
