@@ -73,11 +73,13 @@ for nb in "${STUDIES[@]}"; do
   [ "$nb" = paper_figures ] && continue
   run_notebook "$nb" "${args[@]}"
 done
-run_notebook paper_figures
+if [ "$profile" = paper ]; then run_notebook paper_figures -f experiments/paper/paper_figures.yaml
+else run_notebook paper_figures; fi
 sleep 1
 kill $follower 2>/dev/null || true
 echo
 echo "[reproduce] done in $(( (SECONDS - t_all) / 60 )) min $(( (SECONDS - t_all) % 60 )) s; time per study:"
 printf '  %s\n' "${summary[@]}"
-echo "[reproduce] regenerated (figures/): $(ls figures | tr '\n' ' ')"
+figs=figures; [ "$profile" = paper ] && figs=figures/paper
+echo "[reproduce] regenerated ($figs/): $(ls "$figs" | tr '\n' ' ')"
 echo "[reproduce] executed notebooks, with every table and figure inline: experiments/results/notebooks/"

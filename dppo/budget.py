@@ -98,8 +98,9 @@ def run_disk_bytes(cfg: TrainConfig) -> float:
 
 def study_params(study: str, profile: str) -> dict:
     """The study notebook's papermill parameters under `profile` (the cpu profile: the notebook defaults)."""
-    path = Path(f"experiments/paper/{study}.yaml")
-    return (yaml.safe_load(path.read_text()) or {}) if profile == "paper" and path.is_file() else {}
+    from dppo.studies import paper_params
+
+    return paper_params(study) if profile == "paper" else {}
 
 
 def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[dict]]:

@@ -21,19 +21,30 @@ from dppo.studies import FIGURES, RESULTS, ROOT, runs_for
 from dppo.trainer import Trainer, read_metrics
 
 hf_logging.disable_progress_bar()  # a study shows one bar per run, not transformers' per-load and per-save bars
-SPLITS = ("level1", "level2", "level3", "level4", "level5", "ood")
+PROFILES = ("cpu", "paper")
 # A study notebook at smoke size (tests): seconds per run.
 SMOKE = dict(train_size=24, epochs=1, max_steps=2, eval_size=4, eval_samples=1, eval_every=1000, save_every=1000,
              prompts_per_step=8, group_size=4)
 
 
-def results_root(smoke: bool = False) -> Path:
-    return RESULTS / "smoke" if smoke else RESULTS
+def _profile(profile: str) -> str:
+    if profile not in PROFILES:
+        raise ValueError(f"parameter 'profile' must be one of {list(PROFILES)}, got {profile!r}")
+    return profile
 
 
-def figures_dir(smoke: bool = False) -> Path:
-    """Where tables and figures go: figures/, or a scratch folder for smoke (test) runs."""
-    return RESULTS / "smoke" / "figures" if smoke else FIGURES
+def results_root(smoke: bool = False, profile: str = "cpu") -> Path:
+    """Root of the run folders: experiments/results (the paper profile: experiments/results/paper), or a scratch
+    folder for smoke (test) runs."""
+    root = RESULTS / "smoke" if smoke else RESULTS
+    return root / "paper" if _profile(profile) == "paper" else root
+
+
+def figures_dir(smoke: bool = False, profile: str = "cpu") -> Path:
+    """Where tables and figures go: figures/ (the paper profile: figures/paper, so the CPU figures stay), or a
+    scratch folder for smoke (test) runs."""
+    out = RESULTS / "smoke" / "figures" if smoke else FIGURES
+    return out / "paper" if _profile(profile) == "paper" else out
 
 
 def run(config: str | Path, output_dir: str | Path, smoke: bool = False, launch: dict | None = None,
@@ -103,7 +114,8 @@ def summarize(run_dir: str | Path) -> dict:
     evals = df.dropna(subset=["eval/avg"])
     train = df[df["step"] > 0]
     start = evals[evals["step"] == 0]
-    row = {f"acc/{s}": evals.iloc[-1].get(f"eval/{s}") for s in SPLITS if f"eval/{s}" in evals}
+    splits = [c[5:] for c in df.columns if c.startswith("eval/") and c != "eval/avg" and "/" not in c[5:]]
+    row = {f"acc/{s}": evals.iloc[-1].get(f"eval/{s}") for s in splits}  # every split the runs evaluated, in order
     row.update({
         "acc/avg": evals.iloc[-1]["eval/avg"], "acc/start": start["eval/avg"].iloc[0] if len(start) else float("nan"),
         "train_s": float(train["timing_s/step"].sum()), "steps": int(train["step"].max()),

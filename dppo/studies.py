@@ -138,6 +138,26 @@ T1_CAPTION = ("Main results at CPU scale: embedded Qwen3-architecture model (0.8
               "training-step minutes (evaluation excluded); speed-up vs GRPO at equal epochs, paired by seed.")
 
 
+PAPER_CAPTION = ("Paper scale (experiments/paper/: Qwen3 on MATH, 15 epochs unless the study says otherwise, FSDP over "
+                 "the local GPUs, vLLM rollouts): accuracy = final Pass@1 (%) per benchmark (avg@k) and their "
+                 "average; time = training-step minutes (evaluation excluded); speed-up vs the row's baseline in "
+                 "wall-clock time and FLOPs.")
+CPU_CAPTIONS = {"T1": T1_CAPTION, "T2": T2_CAPTION, "T3": T3_CAPTION, "T4": SHORT_CAPTION, "T5": SHORT_CAPTION}
+
+
+def caption(table: str, profile: str = "cpu") -> str:
+    """The caption of table T1-T5 under a profile (the paper profile's runs are the paper's setup, not the CPU one)."""
+    return PAPER_CAPTION if profile == "paper" else CPU_CAPTIONS[table]
+
+
+def paper_params(study: str) -> dict:
+    """The papermill parameters of a study under the paper profile (experiments/paper/<study>.yaml; {} if none)."""
+    import yaml
+
+    path = ROOT / "experiments" / "paper" / f"{study}.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
 def study_layouts(study: str, configs: dict | None = None, overrides: dict | None = None,
                   large_model: str = "embedded-large", rates=T5_RATES) -> dict[str, dict]:
     """{table: layout} that a study notebook trains, from its papermill parameters: `configs` replaces YAML files,

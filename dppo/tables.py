@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from dppo.results import SPLITS, summarize
+from dppo.results import summarize
 from dppo.studies import FIGURES, PAPER, PAPER_GAIN, PAPER_SPEEDUP
 
 SPEEDUPS = {"speedup": "train_s", "speedup_cpu": "train_cpu_s", "speedup_flops": "train_flops"}
-# The markdown table: what the paper's tables show (per-benchmark accuracy, average, time, speed-up), here with
-# the speed-up in all three currencies; every other column stays in the CSV.
-MD_COLUMNS = {**{f"acc/{s}": s for s in SPLITS}, "acc/avg": "avg", "acc_gain": "gain", "train_min": "time (min)",
-              "speedup": "speed-up", "speedup_cpu": "speed-up (CPU)", "speedup_flops": "speed-up (FLOPs)"}
+# The markdown table: what the paper's tables show (accuracy per benchmark or split, average, time, speed-up), here
+# with the speed-up in wall-clock and FLOPs and, on CPU, process CPU time; every other column stays in the CSV.
+MD_COLUMNS = {"acc/avg": "avg", "acc_gain": "gain", "train_min": "time (min)", "speedup": "speed-up",
+              "speedup_cpu": "speed-up (CPU)", "speedup_flops": "speed-up (FLOPs)"}
+CPU_ONLY = ("speedup_cpu",)  # and the contended mark: a GPU run's process CPU time measures the host, not the work
 
 
 def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str]) -> pd.DataFrame:
@@ -79,19 +80,24 @@ def cell(mean: float, ci: float, digits: int) -> str:
     return f"{mean:.{digits}f}" + ("" if pd.isna(ci) else f" ± {ci:.{digits}f}")
 
 
-def markdown(summary: pd.DataFrame) -> str:
-    """The paper's columns, mean ± 95% CI; a contended row's time is marked †."""
-    cols = [c for c in MD_COLUMNS if c in summary.columns]
+def markdown(summary: pd.DataFrame, cpu_columns: bool = True) -> str:
+    """The paper's columns, mean ± 95% CI: one per evaluated split or benchmark (the runs' eval/* keys) and the
+    average, then time and speed-ups; on CPU (`cpu_columns`) also the CPU-time speed-up, and a contended row's time
+    is marked †."""
+    accs = {c: c[4:] for c in summary.columns if c.startswith("acc/") and c not in ("acc/avg", "acc/start")
+            and not c.endswith("_ci")}
+    names = {**accs, **{c: n for c, n in MD_COLUMNS.items() if cpu_columns or c not in CPU_ONLY}}
     body = pd.DataFrame(index=summary.index.rename(None))
-    for c in cols:
+    for c in (c for c in names if c in summary.columns):
         digits = 2 if c.startswith("speedup") or c == "train_min" else 1
-        body[MD_COLUMNS[c]] = [cell(m, ci, digits) for m, ci in zip(summary[c], summary[f"{c}_ci"])]
-    body["time (min)"] = [t + (" †" if flag else "") for t, flag in zip(body["time (min)"], summary["contended"])]
+        body[names[c]] = [cell(m, ci, digits) for m, ci in zip(summary[c], summary[f"{c}_ci"])]
+    if cpu_columns:
+        body["time (min)"] = [t + (" †" if flag else "") for t, flag in zip(body["time (min)"], summary["contended"])]
     return body.to_markdown(stralign="right")
 
 
-def write(seeds: pd.DataFrame, name: str, caption: str, paper_key: str | None = None, out: Path = FIGURES
-          ) -> pd.DataFrame:
+def write(seeds: pd.DataFrame, name: str, caption: str, paper_key: str | None = None, out: Path = FIGURES,
+          cpu_columns: bool = True) -> pd.DataFrame:
     """figures/<name>.csv (per label: means and `_ci` half-widths of every column), <name>_seeds.csv (one row per
     seed) and <name>.md (caption with the seeds, the paper's columns, the paper's claim); returns the summary."""
     out.mkdir(parents=True, exist_ok=True)
@@ -101,8 +107,9 @@ def write(seeds: pd.DataFrame, name: str, caption: str, paper_key: str | None = 
     used = sorted(set(seeds["seed"]))
     note = (f" {len(used)} seeds ({', '.join(map(str, used))}): mean ± 95% CI (Student's t)." if len(used) > 1 else
             f" One seed ({used[0]}): accuracy differences of a few points are within run-to-run noise at this scale.")
-    md = [f"**{name}.** {caption}{note} † = contended (its wall-clock speed-up is not to be trusted); per-seed "
-          f"values and every other column in `{name}_seeds.csv` / `{name}.csv`.", "", markdown(summary), ""]
+    contended = " † = contended (its wall-clock speed-up is not to be trusted);" if cpu_columns else ""
+    md = [f"**{name}.** {caption}{note}{contended} per-seed values and every other column in `{name}_seeds.csv` / "
+          f"`{name}.csv`.", "", markdown(summary, cpu_columns), ""]
     if paper_key:
         md += [f"*Paper (reported, GPU scale):* {PAPER[paper_key]}", ""]
     (out / f"{name}.md").write_text("\n".join(md))
@@ -110,9 +117,9 @@ def write(seeds: pd.DataFrame, name: str, caption: str, paper_key: str | None = 
 
 
 def table(runs: dict[str, list[Path]], baseline: str | dict[str, str], name: str, caption: str,
-          paper_key: str | None = None, out: Path = FIGURES) -> pd.DataFrame:
-    """per_seed() -> write(): the summary table (one row per label)."""
-    return write(per_seed(runs, baseline), name, caption, paper_key, out)
+          paper_key: str | None = None, out: Path = FIGURES, cpu_columns: bool = True) -> pd.DataFrame:
+    """per_seed() -> write(): the summary table (one row per label); `cpu_columns` False for GPU runs."""
+    return write(per_seed(runs, baseline), name, caption, paper_key, out, cpu_columns)
 
 
 def interval(summary: pd.DataFrame, label: str, col: str) -> tuple[float, float, float]:

@@ -28,6 +28,7 @@ overrides = {}  # TrainConfig fields applied to every run (paper scale: model, d
 launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
 results_dir = ""  # root of the run folders ("" = experiments/results; the paper profile: experiments/results/paper/<study>)
 smoke = os.environ.get("DPPO_SMOKE") == "1"
+profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
 from IPython.display import Markdown, display
@@ -36,15 +37,15 @@ from dppo import figures, results, studies, tables
 
 if smoke:
     rates = [0.5]
-out = results.figures_dir(smoke)
+out = results.figures_dir(smoke, profile)
 layouts = studies.study_layouts("ablations", configs=configs, overrides=overrides, rates=rates)
 runs4 = results.run_layout(layouts["T4"], smoke=smoke, launch=launch, root=results_dir)
-t4 = tables.table(runs4, "GRPO", "T4_ablations", studies.SHORT_CAPTION, "T4", out)
+t4 = tables.table(runs4, "GRPO", "T4_ablations", studies.caption("T4", profile), "T4", out, cpu_columns=profile == "cpu")
 display(Markdown((out / "T4_ablations.md").read_text()))
 
 # %%
 runs5 = results.run_layout(layouts["T5"], smoke=smoke, launch=launch, root=results_dir)
-t5 = tables.table(runs5, "GRPO", "T5_sensitivity", studies.SHORT_CAPTION + f" Grid r_q, r_o in {rates}.", "T5", out)
+t5 = tables.table(runs5, "GRPO", "T5_sensitivity", studies.caption("T5", profile) + f" Grid r_q, r_o in {rates}.", "T5", out, cpu_columns=profile == "cpu")
 display(Markdown((out / "T5_sensitivity.md").read_text()))
 fig = figures.figure_t5(t5, rates, out=out)
 

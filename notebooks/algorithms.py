@@ -30,6 +30,7 @@ overrides = {}  # TrainConfig fields applied to every run (e.g. paper-scale mode
 launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
 results_dir = ""  # root of the run folders ("" = experiments/results; the paper profile: experiments/results/paper/<study>)
 smoke = os.environ.get("DPPO_SMOKE") == "1"
+profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
 from IPython.display import Markdown, display
@@ -38,8 +39,8 @@ from dppo import results, studies, tables
 
 layout = studies.study_layouts("algorithms", configs=configs, overrides=overrides)["T2"]
 runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir)
-out = results.figures_dir(smoke)
-t2 = tables.table(runs, studies.T2_BASE, "T2_algorithms", studies.T2_CAPTION, "T2", out)
+out = results.figures_dir(smoke, profile)
+t2 = tables.table(runs, studies.T2_BASE, "T2_algorithms", studies.caption("T2", profile), "T2", out, cpu_columns=profile == "cpu")
 display(Markdown((out / "T2_algorithms.md").read_text()))
 
 # %% [markdown]

@@ -26,6 +26,7 @@ import os
 samples = 32  # answers sampled per checkpoint
 split = "ood"
 smoke = os.environ.get("DPPO_SMOKE") == "1"
+profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
 from IPython.display import Markdown, display
@@ -33,8 +34,9 @@ from IPython.display import Markdown, display
 from dppo import figures, results, studies
 from dppo.case_study import case_study_answers
 
-root = results.results_root(smoke)
-runs = {label: dirs[0] for label, dirs in studies.run_dirs(studies.T1_RUNS, seeds=[0], root=root).items()}  # seed 0
+root = results.results_root(smoke, profile)
+t1_root = studies.paper_params("main_results").get("results_dir", root) if profile == "paper" else root  # T1's runs
+runs = {label: dirs[0] for label, dirs in studies.run_dirs(studies.T1_RUNS, seeds=[0], root=t1_root).items()}  # seed 0
 if smoke:
     samples = 4
     runs = {label: dirs[0] for label, dirs in results.run_layout(studies.T1_RUNS, smoke=True).items()}
@@ -43,7 +45,7 @@ answers.to_csv(root / "case_study.csv", index=False)
 answers.head(20)
 
 # %%
-fig = figures.figure_f5(answers, out=results.figures_dir(smoke))
+fig = figures.figure_f5(answers, out=results.figures_dir(smoke, profile))
 
 # %% [markdown]
 # ## What this shows beside the paper
@@ -57,4 +59,4 @@ display(Markdown(f"- Share of correct answers at each method's last checkpoint o
 
 # %%
 assert set(answers["method"]) == set(runs) and (answers["samples"] == samples).all()
-assert (results.figures_dir(smoke) / "F5_case_study.png").is_file()
+assert (results.figures_dir(smoke, profile) / "F5_case_study.png").is_file()

@@ -35,6 +35,7 @@ draws = 3000  # mask draws per estimator and rate
 seed = 0
 results_dir = ""  # where variance.csv goes ("" = experiments/results/gradient_variance)
 smoke = os.environ.get("DPPO_SMOKE") == "1"
+profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
 from pathlib import Path
@@ -50,7 +51,7 @@ from dppo.task import make_train
 
 if smoke:
     prompts, group_size, rates, draws = 3, 4, [0.0, 0.5], 300
-results_dir = Path(results_dir or results.results_root(smoke) / "gradient_variance")
+results_dir = Path(results_dir or results.results_root(smoke, profile) / "gradient_variance")
 model, tok = load_policy("embedded")
 problems = make_train(prompts * 4, seed=seed)  # a pool: half the kept groups must have zero reward variance
 batch = variance.gradient_gram(model, tok, [p.prompt for p in problems], [p.answer for p in problems], prompts,
@@ -134,7 +135,7 @@ if not smoke:  # the biased estimator sits further from the full gradient than D
     assert (unweighted > uniform.set_index("rate")["bias"]).all(), unweighted
 
 # %%
-fig = figures.figure_f3(results_dir, out=results.figures_dir(smoke))
+fig = figures.figure_f3(results_dir, out=results.figures_dir(smoke, profile))
 
 # %% [markdown]
 # ## What this shows beside the paper

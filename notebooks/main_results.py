@@ -30,6 +30,7 @@ seeds = [0, 1, 2]  # each method is trained once per seed (seed = data, order an
 launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
 results_dir = ""  # root of the run folders ("" = experiments/results; the paper profile: experiments/results/paper/<study>)
 smoke = os.environ.get("DPPO_SMOKE") == "1"
+profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
 from IPython.display import Markdown, display
@@ -40,8 +41,8 @@ if smoke:
     seeds = seeds[:2]  # two seeds still give intervals
 layout = studies.study_layouts("main_results", configs=configs, overrides=overrides)["T1"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir)
-out = results.figures_dir(smoke)
-t1 = tables.table(runs, "GRPO", "T1_main_results", studies.T1_CAPTION, "T1", out)
+out = results.figures_dir(smoke, profile)
+t1 = tables.table(runs, "GRPO", "T1_main_results", studies.caption("T1", profile), "T1", out, cpu_columns=profile == "cpu")
 display(Markdown((out / "T1_main_results.md").read_text()))
 
 # %%

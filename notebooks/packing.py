@@ -26,6 +26,7 @@ import os
 capacities = [128, 256, 512, 1024]  # packed row capacities C
 reps = 5
 smoke = os.environ.get("DPPO_SMOKE") == "1"
+profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
 import subprocess
@@ -36,7 +37,7 @@ from IPython.display import Markdown, display
 
 from dppo import figures, results, studies
 
-results_dir = results.results_root(smoke) / "packing"
+results_dir = results.results_root(smoke, profile) / "packing"
 results_dir.mkdir(parents=True, exist_ok=True)
 cmd = [sys.executable, str(studies.ROOT / "bench" / "packing.py"), "--csv", str(results_dir / "packing.csv"), "--reps", str(1 if smoke else reps),
        "--capacity", *map(str, capacities[:2] if smoke else capacities)] + (["--smoke"] if smoke else [])
@@ -45,7 +46,7 @@ bench = pd.read_csv(results_dir / "packing.csv")
 bench
 
 # %%
-fig = figures.figure_f4(results_dir, results.results_root(smoke), out=results.figures_dir(smoke))
+fig = figures.figure_f4(results_dir, results.results_root(smoke, profile), out=results.figures_dir(smoke, profile))
 
 # %% [markdown]
 # ## What this shows beside the paper

@@ -23,8 +23,10 @@
 # %% tags=["parameters"]
 import os
 
-results_dir = ""  # root of the run folders ("" = experiments/results)
+results_dir = ""  # root of every study's run folders ("" = the profile's: experiments/results, or for the paper
+# profile the folder each experiments/paper/<study>.yaml names)
 smoke = os.environ.get("DPPO_SMOKE") == "1"
+profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
 from pathlib import Path
@@ -34,15 +36,22 @@ from IPython.display import Image, Markdown, display
 
 from dppo import figures, results, studies, tables
 
-root = Path(results_dir) if results_dir else results.results_root(smoke)
-out = results.figures_dir(smoke)
-seeds = {s.name: (s.seeds[:2] if smoke else s.seeds) for s in studies.STUDIES}
+root = Path(results_dir) if results_dir else results.results_root(smoke, profile)
+out = results.figures_dir(smoke, profile)
+paper = profile == "paper" and not results_dir  # each study's runs where its experiments/paper/<study>.yaml put them
+seeds = {s.name: (s.seeds[:2] if smoke else studies.paper_params(s.name).get("seeds", s.seeds) if paper else s.seeds)
+         for s in studies.STUDIES}
+rates = studies.paper_params("ablations").get("rates", studies.T5_RATES) if paper else studies.T5_RATES
 missing = []
+
+
+def root_of(study: str) -> Path:
+    return Path(studies.paper_params(study).get("results_dir", root)) if paper else root
 
 
 def have(layout, study):
     """{label: [run folder per seed]} when every run of the layout has metrics, else None (listed as missing)."""
-    runs = studies.run_dirs(layout, seeds[study], root)
+    runs = studies.run_dirs(layout, seeds[study], root_of(study))
     gone = [str(d) for dirs in runs.values() for d in dirs if not (d / "metrics.jsonl").is_file()]
     missing.extend(gone)
     return runs if not gone else None
@@ -50,18 +59,18 @@ def have(layout, study):
 
 figures.figure_f1(out=out)
 if runs := have(studies.T1_RUNS, "main_results"):
-    tables.table(runs, "GRPO", "T1_main_results", studies.T1_CAPTION, "T1", out)
+    tables.table(runs, "GRPO", "T1_main_results", studies.caption("T1", profile), "T1", out, cpu_columns=profile == "cpu")
     figures.figure_f2(runs, out=out)
 if runs := have(studies.T2_RUNS, "algorithms"):
-    tables.table(runs, studies.T2_BASE, "T2_algorithms", studies.T2_CAPTION, "T2", out)
+    tables.table(runs, studies.T2_BASE, "T2_algorithms", studies.caption("T2", profile), "T2", out, cpu_columns=profile == "cpu")
 if runs := have(studies.T3_RUNS, "scale"):
-    tables.table(runs, studies.T3_BASE, "T3_scale", studies.T3_CAPTION, "T3", out)
+    tables.table(runs, studies.T3_BASE, "T3_scale", studies.caption("T3", profile), "T3", out, cpu_columns=profile == "cpu")
 if runs := have(studies.T4_RUNS, "ablations"):
-    tables.table(runs, "GRPO", "T4_ablations", studies.SHORT_CAPTION, "T4", out)
-if runs := have(studies.T5_RUNS, "ablations"):
-    t5 = tables.table(runs, "GRPO", "T5_sensitivity", studies.SHORT_CAPTION + f" Grid r_q, r_o in "
-                      f"{list(studies.T5_RATES)}.", "T5", out)
-    figures.figure_t5(t5, studies.T5_RATES, out=out)
+    tables.table(runs, "GRPO", "T4_ablations", studies.caption("T4", profile), "T4", out, cpu_columns=profile == "cpu")
+if runs := have(studies.t5_runs(rates), "ablations"):
+    t5 = tables.table(runs, "GRPO", "T5_sensitivity", studies.caption("T5", profile) + f" Grid r_q, r_o in "
+                      f"{list(rates)}.", "T5", out, cpu_columns=profile == "cpu")
+    figures.figure_t5(t5, rates, out=out)
 if (root / "gradient_variance" / "variance.csv").is_file():
     figures.figure_f3(root / "gradient_variance", out=out)
 else:

@@ -31,6 +31,7 @@ large_model = "embedded-large"  # the larger model's model_name_or_path (paper s
 launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
 results_dir = ""  # root of the run folders ("" = experiments/results; the paper profile: experiments/results/paper/<study>)
 smoke = os.environ.get("DPPO_SMOKE") == "1"
+profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
 from IPython.display import Markdown, display
@@ -41,8 +42,8 @@ if smoke:  # the larger model takes minutes to build: smoke runs use the small o
     large_model = "embedded"
 layout = studies.study_layouts("scale", configs=configs, overrides=overrides, large_model=large_model)["T3"]
 runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir)
-out = results.figures_dir(smoke)
-t3 = tables.table(runs, studies.T3_BASE, "T3_scale", studies.T3_CAPTION, "T3", out)
+out = results.figures_dir(smoke, profile)
+t3 = tables.table(runs, studies.T3_BASE, "T3_scale", studies.caption("T3", profile), "T3", out, cpu_columns=profile == "cpu")
 display(Markdown((out / "T3_scale.md").read_text()))
 
 # %% [markdown]

@@ -94,3 +94,28 @@ def test_seeds_are_paired_and_intervals_are_students_t(tmp_path):
     text = tables.sentences(summary, "GRPO", "T1")
     assert "2.50x (95% CI 1.26-3.74)" in text and "+2.0 points (95% CI +2.0 to +2.0: better)" in text
     assert "The paper reports 2.37x" in text and "inside our interval" in text
+
+
+def test_table_columns_come_from_the_runs_eval_keys_and_gpu_tables_drop_cpu_columns(tmp_path):
+    """A paper run's benchmarks become the table's columns (one per eval/* key, then the average); a GPU table
+    (cpu_columns False) shows wall-clock and FLOPs speed-ups only, with no contended mark. The paper profile's tables
+    and runs live apart from the CPU ones."""
+    from dppo import results
+
+    runs = {}
+    for label, wall, (math500, aime) in (("GRPO", 4.0, (0.6, 0.1)), ("DPPO", 2.0, (0.7, 0.2))):
+        path = _fake_run(tmp_path / label, wall=wall, cpu=0.1, flops=wall * 1e12, acc=(math500 + aime) / 2, start=0.3)
+        rows = [json.loads(ln) for ln in (path / "metrics.jsonl").read_text().splitlines()]
+        rows[-1].update({"eval/math500": math500, "eval/aime24": aime, "eval/aime24/pass@k": 0.5})
+        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs[label] = [path]
+    summary = tables.aggregate(tables.per_seed(runs, "GRPO"))
+    header = [c.strip() for c in tables.markdown(summary, cpu_columns=False).splitlines()[0].split("|")]
+    assert header[2:6] == ["math500", "aime24", "avg", "gain"] and "level1" not in header
+    assert "speed-up" in header and "speed-up (FLOPs)" in header and "speed-up (CPU)" not in header
+    assert "†" not in tables.markdown(summary, cpu_columns=False)
+    assert "speed-up (CPU)" in tables.markdown(summary)  # the CPU profile keeps it
+    assert results.figures_dir(False, "paper") == results.FIGURES / "paper"
+    assert results.results_root(False, "paper") == results.RESULTS / "paper"
+    with pytest.raises(ValueError, match="parameter 'profile' must be one of"):
+        results.figures_dir(False, "gpu")

@@ -40,6 +40,7 @@ def _copy_shipped(tmp_path, monkeypatch):
     root = tmp_path / "shipped"
     shutil.copytree(SHIPPED_ROOT / "embedded", root / "embedded")
     monkeypatch.setattr(dppo_model, "SHIPPED_ROOT", root)
+    monkeypatch.setenv("DPPO_EMBEDDED_SOURCE", "shipped")  # also when the suite runs on a local build
     return root / "embedded"
 
 
