@@ -82,8 +82,33 @@ def train_command(run_config: str | Path, launch: dict, num_gpus: int | None = N
             "--num_processes", str(n), "-m", "dppo.cli", "train", "--config", str(run_config)]
 
 
+def hub_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    """(hub model ids, hub data sources) a run reads: `hf:` values of model_name_or_path, dataset, eval_datasets."""
+    models = [cfg.model_name_or_path[3:]] if cfg.model_name_or_path.startswith("hf:") else []
+    data = [src for src in (cfg.dataset, *(cfg.eval_datasets or {}).values()) if str(src).startswith("hf:")]
+    return models, data
+
+
+def prefetch(cfg: TrainConfig) -> None:
+    """Download the run's hub model and datasets into the local caches, once, in this (the parent) process, so that
+    the launched ranks read them from disk instead of one rank downloading while the others wait at a collective."""
+    from dppo.data import _records
+
+    models, data = hub_sources(cfg)
+    for repo in models:
+        from huggingface_hub import snapshot_download
+
+        print(f"[launch] fetching model {repo}", flush=True)
+        snapshot_download(repo)
+    for src in data:
+        print(f"[launch] fetching data {src}", flush=True)
+        _records(src)
+
+
 def launch_run(cfg: TrainConfig, launch: dict) -> None:
-    """Write `cfg` to <output_dir>/launch.yaml and train it in its own launched process group; waits."""
+    """Fetch the run's hub model and data (`prefetch`), write `cfg` to <output_dir>/launch.yaml and train it in its
+    own launched process group; waits."""
+    prefetch(cfg)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg.save(out / "launch.yaml")

@@ -119,3 +119,22 @@ def test_launch_command_and_bad_launch_settings():
         assert str(cfg.distributed_type).endswith("MULTI_GPU" if name == "ddp" else "FSDP")
     fsdp = yaml.safe_load((ROOT / "experiments/accelerate/fsdp.yaml").read_text())["fsdp_config"]
     assert fsdp["fsdp_version"] == 2 and fsdp["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+
+
+def test_launch_fetches_hub_model_and_data_once_in_the_parent_before_the_ranks_start(tmp_path, monkeypatch):
+    """Cold start: the parent downloads (here: a stand-in for the hub client records each call) before
+    `accelerate launch` runs, so no rank downloads inside the process group; local files are read as they are."""
+    import dppo.data
+    import dppo.launch as launch_mod
+
+    calls = []
+    monkeypatch.setattr("huggingface_hub.snapshot_download", lambda repo: calls.append(("model", repo)))
+    monkeypatch.setattr(dppo.data, "_records", lambda src: calls.append(("data", src)) or [])
+    monkeypatch.setattr(launch_mod.subprocess, "run", lambda cmd, check: calls.append(("launch", cmd[1])))
+    cfg = TrainConfig.load(ROOT / "experiments/paper/dppo_qwen3_4b_math.yaml", {"output_dir": str(tmp_path / "run")})
+    launch_mod.launch_run(cfg, {"accelerate_config": "experiments/accelerate/fsdp.yaml", "num_processes": 2})
+    assert calls[0] == ("model", "Qwen/Qwen3-4B") and calls[-1] == ("launch", "-m")
+    assert [c[1] for c in calls if c[0] == "data"] == [cfg.dataset, *cfg.eval_datasets.values()]
+    local = TrainConfig.from_dict({**cfg.to_dict(), "model_name_or_path": "embedded", "dataset": "embedded",
+                                   "eval_datasets": None})
+    assert launch_mod.hub_sources(local) == ([], [])
