@@ -212,8 +212,8 @@ def test_refill_covers_each_epoch_in_fewer_steps(tmp_path, embedded):
         covered.append(next_keys(*args))
         return covered[-1]
     tr.composer.next_keys = spy
-    # every prompt a candidate from the start (pi = 0.1): epoch 1's expected rollout, 16 x 0.1 = 1.6 prompts, fits
-    # one step's budget of 4, so epoch 1 is one step and no epoch can take more than 4 (fixed by construction)
+    # every prompt a candidate from the start (pi = 0.1): a whole look-ahead window (2 x 4 prompts, expected rollout
+    # 0.8 prompts) fits one step's budget of 4, so epoch 1 takes 2 steps and no epoch more than 4 (by construction)
     _plant_zero_variance_history(tr)
     tr.fit()
     m = read_metrics(tmp_path / "metrics.jsonl")[1:]
@@ -221,5 +221,6 @@ def test_refill_covers_each_epoch_in_fewer_steps(tmp_path, embedded):
     assert len(flat) == 3 * cfg.train_size and m[-1]["epoch"] == 3.0
     for e in range(3):
         assert sorted(flat[e * 16:(e + 1) * 16]) == list(range(16))
-    assert len(m) <= 1 + 2 * cfg.train_size / cfg.prompts_per_step < 3 * cfg.train_size / cfg.prompts_per_step  # 12 without refill
-    assert m[0]["prompts/covered"] == cfg.train_size
+    window = 2 * cfg.prompts_per_step  # refill_window 0 = twice the step's prompts
+    assert m[0]["prompts/covered"] == m[1]["prompts/covered"] == window > cfg.prompts_per_step
+    assert len(m) <= 2 + 2 * cfg.train_size / cfg.prompts_per_step < 3 * cfg.train_size / cfg.prompts_per_step  # 12 without refill
