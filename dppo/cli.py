@@ -98,7 +98,10 @@ def cmd_eval(args, rest) -> int:
 def cmd_build_model(args, rest) -> int:
     from dppo.model import embedded_model_dir, ship_embedded
 
-    print(ship_embedded(args.model) if args.ship else embedded_model_dir(args.model, rebuild=args.rebuild))
+    if args.ship:
+        print(*ship_embedded(), sep="\n")
+    else:
+        print(embedded_model_dir(args.model, rebuild=args.rebuild))
     return 0
 
 
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("build-model", help="find (shipped or cached) or build the embedded model and print its path")
     p.add_argument("--rebuild", action="store_true", help="build it locally even if a shipped or cached copy exists")
     p.add_argument("--ship", action="store_true",
-                   help="rebuild it (and its source model) and replace the package's shipped copy in dppo/embedded/")
+                   help="rebuild both embedded models and replace the package's shipped copies in dppo/embedded/")
     p.add_argument("--model", default="embedded", choices=["embedded", "embedded-large"],
                    help="which embedded model (embedded-large: twice the depth, for table T3)")
     p.set_defaults(func=cmd_build_model)

@@ -10,7 +10,8 @@ counts) end with different weights, and every rollout after that differs. The pa
 weights (`dppo/embedded/<name>/`, a normal Hugging Face model directory with a `warm_start.json` that records the spec
 hash of the code that built it and the sha256 of its weights). They are used whenever their spec hash matches this
 code's; otherwise (or with `DPPO_EMBEDDED_SOURCE=build`) the model is built once and cached under `$DPPO_CACHE`
-(default `~/.cache/dppo`), keyed by that hash. `dppo build-model --ship` rebuilds and replaces the shipped copies.
+(default `~/.cache/dppo`), keyed by that hash. `dppo build-model --ship` rebuilds both and replaces the shipped
+copies.
 Any other value is a local model directory, or `hf:<repo id>` to download from the hub.
 """
 
@@ -238,17 +239,19 @@ def embedded_model_dir(name: str = "embedded", rebuild: bool = False) -> Path:
     return out
 
 
-def ship_embedded(name: str) -> Path:
-    """Rebuild embedded model `name` (its source first, for a grown one) and replace the package's shipped copy."""
-    if "grow_from" in EMBEDDED_SPECS[name]:
-        ship_embedded(EMBEDDED_SPECS[name]["grow_from"])
-    built = embedded_model_dir(name, rebuild=True)
-    target = SHIPPED_ROOT / name
-    shutil.rmtree(target, ignore_errors=True)
-    target.mkdir(parents=True)
-    for f in built.iterdir():
-        shutil.copy2(f, target / f.name)
-    return target
+def ship_embedded() -> list[Path]:
+    """Rebuild every embedded model, sources before the models grown from them (a grown model must come from the
+    shipped source), and replace the package's shipped copies."""
+    shipped = []
+    for name in EMBEDDED_SPECS:  # "embedded" before "embedded-large", which grows from it
+        built = embedded_model_dir(name, rebuild=True)
+        target = SHIPPED_ROOT / name
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        for f in built.iterdir():
+            shutil.copy2(f, target / f.name)
+        shipped.append(target)
+    return shipped
 
 
 def resolve_model_path(name_or_path: str) -> str:

@@ -15,7 +15,7 @@ from dppo.model import (EMBEDDED_SPECS, SHIPPED_ROOT, embedded_model_dir, embedd
 @pytest.mark.parametrize("name", list(EMBEDDED_SPECS))
 def test_shipped_weights_are_current_and_intact(name):
     """Fails when the code that builds the model (task, tokenizer, warm start, growth) changed without re-shipping:
-    run `dppo build-model --model embedded-large --ship` (rebuilds and ships both) and commit dppo/embedded/."""
+    run `dppo build-model --ship` (rebuilds and ships both) and commit dppo/embedded/."""
     meta = json.loads((SHIPPED_ROOT / name / "warm_start.json").read_text())
     assert meta["spec_hash"] == spec_hash(EMBEDDED_SPECS[name]), "shipped weights are stale: re-ship them"
     assert meta["sha256"] == sha256_file(SHIPPED_ROOT / name / "model.safetensors")
