@@ -92,12 +92,12 @@ def hub_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:
 def prefetch(cfg: TrainConfig) -> None:
     """Download the run's hub model and datasets into the local caches, once, in this (the parent) process, so that
     the launched ranks read them from disk instead of one rank downloading while the others wait at a collective."""
+    from huggingface_hub import snapshot_download
+
     from dppo.data import _records
 
     models, data = hub_sources(cfg)
     for repo in models:
-        from huggingface_hub import snapshot_download
-
         print(f"[launch] fetching model {repo}", flush=True)
         snapshot_download(repo)
     for src in data:

@@ -574,8 +574,7 @@ class Trainer:
 
     def maybe_resume(self) -> bool:
         """Restore model, optimizer, RNG and data position (the learning rate follows from the step) from the newest
-        readable checkpoint (a
-        corrupt one is passed over, and said so); metrics.jsonl is cut back to that step so a resumed run's log
+        readable checkpoint (a corrupt one is passed over, and said so); metrics.jsonl is cut back to that step so a resumed run's log
         equals an uninterrupted one. A checkpoint made with another config (a field outside
         `runfiles.RESUMABLE_CHANGES`) or other training data stops the run with one line."""
         ckpts = self.out / "checkpoints"

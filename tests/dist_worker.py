@@ -24,6 +24,12 @@ class FixedRollout:
     def __init__(self, tok, answers: dict[str, str]):
         self.tok, self.answers = tok, answers
 
+    @classmethod
+    def install(cls, tr):
+        """Replace trainer `tr`'s rollout engine by fixed completions for its train and eval prompts; returns `tr`."""
+        tr.engine = cls(tr.tok, {p.prompt: p.answer for p in [*tr.train, *sum(tr.evals.values(), [])]})
+        return tr
+
     def sync_weights(self, model) -> None:
         pass
 
@@ -51,7 +57,7 @@ def one_step(out: str, fields: dict) -> None:
 
     steps = int(fields.pop("worker_steps", 1))
     tr = Trainer(TrainConfig.from_dict({**fields, "output_dir": out + "/run"}))
-    tr.engine = FixedRollout(tr.tok, {p.prompt: p.answer for p in tr.train})
+    FixedRollout.install(tr)
     first_grads = {}
 
     def keep_first_gradient(optimizer, args, kwargs):  # the gradient of the first optimizer step, after all-reduce

@@ -37,7 +37,7 @@ def test_each_step_records_cpu_time_and_flops_and_shared_prompts_cost_less(tmp_p
                                  pruner="dppo", completion_prune_rate=0.5, **SMALL))
         # completions fixed by the prompt alone: the same lengths, rewards and masks on any machine, so the strict
         # ordering below is a property of the layouts, not of what this machine's model happened to sample
-        tr.engine = FixedRollout(tr.tok, {p.prompt: p.answer for p in tr.train})
+        FixedRollout.install(tr)
         records[packing] = r = tr.train_step()
         assert r["cpu_s/step"] > 0 and r["cpu_s/rollout"] > 0 and r["cpu_s/update"] > 0
         assert r["flops/step"] == pytest.approx(r["flops/rollout"] + r["flops/update"], rel=1e-12)

@@ -18,7 +18,7 @@ ADAM_EPS = 1e-8  # torch AdamW's default, which the trainer keeps
 
 def _trainer(path, **fields) -> Trainer:
     tr = Trainer(TrainConfig(output_dir=str(path), **{**SMALL, **fields}))
-    tr.engine = FixedRollout(tr.tok, {p.prompt: p.answer for p in tr.train})
+    FixedRollout.install(tr)
     return tr
 
 

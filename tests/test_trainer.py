@@ -18,13 +18,6 @@ SMALL = dict(train_size=16, epochs=100, eval_size=4, eval_samples=2, prompts_per
              warmup_steps=1, keep_checkpoints=10)
 
 
-def _fixed_rollouts(tr) -> Trainer:
-    """Completions fixed by the prompts alone (train and eval prompts): the same texts, lengths and rewards on any
-    machine."""
-    tr.engine = FixedRollout(tr.tok, {p.prompt: p.answer for p in [*tr.train, *sum(tr.evals.values(), [])]})
-    return tr
-
-
 def _right_minus_wrong(tr, batch, right) -> float:
     """Mean teacher-forced log-likelihood (per token) of the right completions minus the wrong ones."""
     with torch.no_grad():
@@ -41,7 +34,7 @@ def test_short_run_changes_every_parameter_and_learns(tmp_path, embedded):
     policy's own samples is what the studies measure (T1-T5); here it would be a threshold on one machine's trajectory."""
     cfg = TrainConfig(output_dir=str(tmp_path), lr=1e-4, max_steps=24, eval_every=1000, save_every=1000, **SMALL)
     tr = Trainer(cfg)
-    _fixed_rollouts(tr)
+    FixedRollout.install(tr)
     batch = tr.engine.generate([p.prompt for p in tr.train], SamplingParams(n=cfg.group_size, max_new_tokens=48))
     right = torch.tensor([math_reward(t, tr.train[i // cfg.group_size].answer) == 1.0
                           for i, t in enumerate(batch.texts)])
@@ -165,9 +158,9 @@ def test_dense_and_shared_prompt_packing_train_like_padding_with_denser_batches(
                   completion_prune_rate=0.5, kl_coef=0.05, ppo_epochs=2, num_minibatches=2, **SMALL)
     # fixed completions: the densities compared below are then the same on any machine (sampled lengths would make
     # "denser" a property of one machine's rollouts)
-    _fixed_rollouts(Trainer(TrainConfig(output_dir=str(tmp_path / "pad"), **common))).fit()
+    FixedRollout.install(Trainer(TrainConfig(output_dir=str(tmp_path / "pad"), **common))).fit()
     for layout in ("dense", "shared"):
-        _fixed_rollouts(Trainer(TrainConfig(output_dir=str(tmp_path / layout), packing=layout, pack_capacity=256,
+        FixedRollout.install(Trainer(TrainConfig(output_dir=str(tmp_path / layout), packing=layout, pack_capacity=256,
                                             micro_batch_tokens=1024, **common))).fit()
     pad = read_metrics(tmp_path / "pad" / "metrics.jsonl")[1:]
     for layout in ("dense", "shared"):
