@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dppo.packing import best_fit_decreasing, packed_completion_logprobs, shared_prompt_logprobs
+from dppo.packing import best_fit_decreasing, pack_rows, packed_completion_logprobs, shared_prompt_logprobs
 from dppo.scoring import completion_logprobs
 
 
@@ -15,6 +15,21 @@ def test_best_fit_decreasing_respects_capacity_and_covers_every_item():
     assert len(bins) == 5  # sum = 440: the lower bound is 5 bins of 100
     assert best_fit_decreasing([150, 20], 100) == [[0], [1]]  # too long: a bin of its own
 
+
+
+def test_pack_rows_never_processes_more_slots_than_padding():
+    """Rows x (fullest row) <= items x (longest item), for any lengths: the width search includes the longest item's
+    own width. [69, 74, 65, 63, 78] at capacity 256 took 394 slots (vs 390 padded) when the search started at 128."""
+    def slots(lengths, capacity):
+        bins = pack_rows(lengths, capacity)
+        assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+        return len(bins) * max(sum(lengths[i] for i in b) for b in bins)
+
+    assert slots([69, 74, 65, 63, 78], 256) <= 5 * 78
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        lengths = torch.randint(5, 120, (int(torch.randint(1, 12, (1,), generator=gen)),), generator=gen).tolist()
+        assert slots(lengths, 256) <= len(lengths) * max(lengths), lengths
 
 def _random_sequences(vocab, n, gen):
     p = [torch.randint(3, vocab, (int(torch.randint(3, 30, (1,), generator=gen)),), generator=gen).tolist()
