@@ -90,10 +90,15 @@ CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 master weights (4) + AdamW's two fp32 mo
 FINAL_BYTES_PER_PARAM = 4  # final/: the fp32 weights
 
 
-def run_disk_bytes(cfg: TrainConfig) -> float:
-    """Disk a finished run keeps: `keep_checkpoints` checkpoints and final/ (Qwen3-4B: 2 x 48 GB + 16 GB)."""
+def run_disk_bytes(cfg: TrainConfig) -> tuple[float, float]:
+    """(disk a finished run keeps, the most it holds while training): final/, plus its `keep_checkpoints` newest
+    checkpoints unless `keep_checkpoints_after_final` is false; while training, one more checkpoint than kept (the
+    newest is complete before the oldest is removed). Qwen3-4B: 16 GB final/, 48 GB a checkpoint."""
     n_params = model_params(cfg.model_name_or_path.removeprefix("hf:"))
-    return n_params * (cfg.keep_checkpoints * CHECKPOINT_BYTES_PER_PARAM + FINAL_BYTES_PER_PARAM)
+    checkpoints = cfg.keep_checkpoints * CHECKPOINT_BYTES_PER_PARAM * n_params
+    final = FINAL_BYTES_PER_PARAM * n_params
+    return (final + (checkpoints if cfg.keep_checkpoints_after_final else 0.0),
+            final + checkpoints + CHECKPOINT_BYTES_PER_PARAM * n_params)
 
 
 def study_params(study: str, profile: str) -> dict:
@@ -107,31 +112,33 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
     """(every command, in order; one budget row per study)."""
     from dppo import studies as registry
     from dppo.launch import train_command
+    from dppo.results import study_root
 
     commands, rows = [], []
     for study in studies:
         params = study_params(study, profile)
         args = f" -f experiments/paper/{study}.yaml" if params else ""
         commands.append(f"papermill notebooks/{study}.ipynb experiments/results/notebooks/{study}.ipynb --cwd .{args}")
-        keys = ("configs", "overrides", "large_model", "rates")
-        layouts = registry.study_layouts(study, **{k: params[k] for k in keys if k in params})
+        layouts = registry.study_layouts(study, **registry.layout_params(params))
         seeds = params.get("seeds", registry.BY_NAME[study].seeds)
-        seen, hours, disk = set(), 0.0, 0.0
+        seen, hours, disk, peak = set(), 0.0, 0.0, 0.0
         for layout in layouts.values():
             for cfg_path, over, sub in (spec for specs in registry.runs_for(layout, seeds).values() for spec in specs):
-                out = Path(params.get("results_dir") or registry.RESULTS) / sub
+                out = study_root(params.get("results_dir", ""), profile=profile) / sub
+                out = out.relative_to(registry.ROOT) if out.is_relative_to(registry.ROOT) else out
                 if out in seen:  # runs shared between tables train once
                     continue
                 seen.add(out)
                 cfg = TrainConfig.load(registry.ROOT / cfg_path, {**over, "output_dir": str(out)})
                 hours += run_gpu_hours(cfg)
-                disk += run_disk_bytes(cfg)
+                kept, most = run_disk_bytes(cfg)
+                disk, peak = disk + kept, max(peak, disk + most)  # runs train one after another
                 if params.get("launch"):
                     commands.append("  " + shlex.join(train_command(out / "launch.yaml", params["launch"], gpus)))
                 else:
                     commands.append(f"  (in the notebook's process) dppo train --config {cfg_path} -> {out}")
         rows.append({"study": study, "runs": len(seen), "gpu_hours": hours, "hours_on_gpus": hours / gpus,
-                     "disk_tb": disk / 1e12})
+                     "disk_tb": disk / 1e12, "peak_tb": peak / 1e12})
     return commands, rows
 
 
@@ -146,15 +153,20 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(commands))
     print(f"\n# estimated budget ({args.profile} profile; H100 bf16 peak {PEAK_FLOPS / 1e12:.0f} TFLOP/s at "
           f"{TRAIN_MFU:.0%} MFU for updates, {DECODE_MFU:.0%} for decoding; dppo.budget states the assumptions)")
-    print(f"| study | training runs | GPU-hours | hours on {args.gpus} GPUs | disk kept (TB) |")
-    print("|---|---:|---:|---:|---:|")
+    print(f"| study | training runs | GPU-hours | hours on {args.gpus} GPUs | disk kept (TB) | disk at most (TB) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    kept = 0.0
     for r in rows:
-        print(f"| {r['study']} | {r['runs']} | {r['gpu_hours']:,.0f} | {r['hours_on_gpus']:,.1f} | {r['disk_tb']:,.2f} |")
+        print(f"| {r['study']} | {r['runs']} | {r['gpu_hours']:,.0f} | {r['hours_on_gpus']:,.1f} | {r['disk_tb']:,.2f} "
+              f"| {kept + r['peak_tb']:,.2f} |")
+        kept += r["disk_tb"]
     total = sum(r["gpu_hours"] for r in rows)
-    print(f"| **total** | {sum(r['runs'] for r in rows)} | {total:,.0f} | {total / args.gpus:,.1f} | "
-          f"{sum(r['disk_tb'] for r in rows):,.2f} |")
-    print(f"\ndisk kept per run: keep_checkpoints x {CHECKPOINT_BYTES_PER_PARAM} bytes per parameter (fp32 weights and "
-          f"AdamW state) + {FINAL_BYTES_PER_PARAM} (final/); lower keep_checkpoints in experiments/paper/ to save disk")
+    print(f"| **total** | {sum(r['runs'] for r in rows)} | {total:,.0f} | {total / args.gpus:,.1f} | {kept:,.2f} | "
+          f"{max((sum(q['disk_tb'] for q in rows[:i]) + r['peak_tb'] for i, r in enumerate(rows)), default=0):,.2f} |")
+    print(f"\ndisk per run: final/ ({FINAL_BYTES_PER_PARAM} bytes per parameter) + keep_checkpoints x "
+          f"{CHECKPOINT_BYTES_PER_PARAM} (fp32 weights and AdamW state) while it trains, one more while a new one is "
+          f"written; kept after final/ only with keep_checkpoints_after_final. 'At most': the studies before it kept "
+          f"plus this one's peak")
     return 0
 
 

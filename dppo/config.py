@@ -187,7 +187,11 @@ class TrainConfig:
     eval_samples_per_split: dict = _f(None, "k per eval split where it differs from eval_samples (AIME / AMC: more).")
     eval_temperature: float = _f(1.0, "Sampling temperature of evaluation.")
     save_every: int = _f(50, "Checkpoint every this many steps (and at the end).")
-    keep_checkpoints: int = _f(2, "How many checkpoints to keep.")
+    keep_checkpoints: int = _f(2, "How many checkpoints to keep (the newest).")
+    keep_checkpoints_after_final: bool = _f(True, "Keep the checkpoints once final/ is written (the CPU case study "
+                                            "samples them); false removes them then (the paper profile: a 4B "
+                                            "checkpoint, fp32 weights + AdamW, is ~48 GB). A finished run is "
+                                            "recognised by final/ and is not trained again either way.")
     # ---- safeguards (docs/method.md §4.3)
     max_skipped_steps: int = _f(3, "A step whose loss or gradient is not finite skips its optimizer update "
                                 "(metric skipped_steps); this many consecutive skipped steps stop the run.")

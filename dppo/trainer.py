@@ -109,17 +109,25 @@ def _accumulate(sums: dict[str, list[float]], name: str, total: float, count: fl
 class Timer:
     """Wall-clock and process CPU seconds per phase (CPU time counts every thread of this process, and not the
     time other processes take the cores: a busy machine stretches wall time, not CPU time); phases a step skips
-    report 0."""
+    report 0. On a GPU each phase boundary waits for the device (`sync`: torch.cuda.synchronize), so a phase is
+    charged with the kernels it launched, not with those of the phase before it."""
 
-    def __init__(self, phases=("prune", "rollout", "reward", "gather", "old_logprob", "ref_logprob", "update")):
+    def __init__(self, phases=("prune", "rollout", "reward", "gather", "old_logprob", "ref_logprob", "update"),
+                 sync=lambda: None):
         self.times: dict[str, float] = dict.fromkeys(phases, 0.0)
         self.cpu: dict[str, float] = dict.fromkeys(phases, 0.0)
+        self.sync = sync
+
+    def now(self) -> float:
+        """perf_counter once the device has finished what was queued."""
+        self.sync()
+        return time.perf_counter()
 
     @contextmanager
     def __call__(self, name: str):
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = self.now(), time.process_time()
         yield
-        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+        self.times[name] = self.times.get(name, 0.0) + self.now() - t0
         self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - c0
 
 
@@ -230,8 +238,9 @@ class Trainer:
     def train_step(self) -> dict:
         """Compose -> prune_step (prompt stage, rollout, rewards, full-group advantages, completion stage,
         weights and normaliser; docs/method.md §2) -> record history -> update on the kept rows."""
-        cfg, timer = self.cfg, Timer()
-        t_step, c_step = time.perf_counter(), time.process_time()
+        cfg = self.cfg
+        timer = Timer(sync=torch.cuda.synchronize if self.accelerator.device.type == "cuda" else lambda: None)
+        t_step, c_step = timer.now(), time.process_time()
         self.flops = dict.fromkeys(("rollout", "old_logprob", "ref_logprob", "update"), 0.0)
         G = cfg.group_size
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * self.step + 1)  # masks: own stream
@@ -250,13 +259,13 @@ class Trainer:
             batches.append(batch)
             return rewards, torch.tensor([len(c) for c in batch.completion_ids]).view(len(rolled), G)
 
-        t_prune, c_prune = time.perf_counter(), time.process_time()
+        t_prune, c_prune = timer.now(), time.process_time()
         step = prune_step(self.pruner, keys, self.history, rollout, gen, group_size=G,
                           scale_rewards=cfg.scale_rewards, adv_eps=cfg.adv_eps, loss_agg=cfg.loss_agg,
                           loss_normaliser=cfg.loss_normaliser, prompts_per_step=cfg.prompts_per_step,
                           more_keys=self.composer.stream.take, default_length=cfg.max_new_tokens / 2)
         inner = ("rollout", "reward", "gather")
-        timer.times["prune"] = time.perf_counter() - t_prune - sum(timer.times[k] for k in inner)
+        timer.times["prune"] = timer.now() - t_prune - sum(timer.times[k] for k in inner)
         timer.cpu["prune"] = time.process_time() - c_prune - sum(timer.cpu[k] for k in inner)
         batch = RolloutBatch.concat(batches)
         self.flops["rollout"] = self.shape.generation([len(p) for p in batch.prompt_ids],
@@ -274,13 +283,13 @@ class Trainer:
         self.engine.sync_weights(self.policy)
         extra_stats = self.pruner.after_step(step.rewards, epoch, stats)
         self.step += 1
-        timer.times["step"] = time.perf_counter() - t_step
+        timer.times["step"] = timer.now() - t_step
         timer.cpu["step"] = time.process_time() - c_step
         self.flops["step"] = sum(self.flops.values())
         rewards, n_rows, n_rolled = step.rewards, len(step.rows), len(step.rolled)
         lengths = step.lengths.reshape(-1).float()
         return {
-            "step": self.step, "epoch": self.epoch_progress, "prompts/covered": len(step.covered),
+            "step": self.step, "epoch": self.epoch_progress, "processes": self.world, "prompts/covered": len(step.covered),
             "prompts/window": len(self.composer.window),
             "reward": rewards.mean().item() if n_rolled else 0.0,
             "reward_std": rewards.std(dim=1).mean().item() if n_rolled else 0.0,
@@ -644,8 +653,28 @@ class Trainer:
         finally:
             release_lock(lock)
 
+    def finished_earlier(self) -> bool:
+        """Whether this folder holds this run already finished: final/ and metrics written with this config (only
+        fields that may change on resume differ) and no checkpoint to resume from (they were removed after final/,
+        `keep_checkpoints_after_final: false`). Such a run is done, not started over; a finished run of another
+        config stops this one with one line, as a checkpoint of another config does."""
+        if not (self.cfg.resume and (self.out / "final").is_dir() and self.metrics_path.is_file()):
+            return False
+        if any(p.name[5:].isdigit() for p in (self.out / "checkpoints").glob("step_*")):
+            return False  # resuming from the last checkpoint finishes at once, and rewrites final/ identically
+        saved = self.legacy_config()
+        changed = config_changes(saved, self.cfg.to_dict()) if saved else ["config.yaml (unreadable)"]
+        if changed:
+            raise ConfigError(f"{str(self.out)!r} holds a finished run of another config: field(s) changed: "
+                              f"{'; '.join(changed)}; restore them, or set resume: false to start over")
+        return True
+
     def _fit(self) -> dict[str, float]:
         cfg = self.cfg
+        if self.finished_earlier():
+            if self.is_main:
+                tqdm.write(f"{self.out} is finished (final/ and metrics.jsonl of this config); nothing to train")
+            return {k[5:]: v for k, v in read_metrics(self.metrics_path)[-1].items() if k.startswith("eval/")}
         resumed = self.maybe_resume()
         if self.is_main:
             write_atomic(self.out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -681,6 +710,8 @@ class Trainer:
             self.tok.save_pretrained(tmp)
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
+            if not cfg.keep_checkpoints_after_final:
+                shutil.rmtree(self.out / "checkpoints", ignore_errors=True)
         self.accelerator.wait_for_everyone()
         if not acc:  # resumed at the very end: read the last eval back
             acc = {k[5:]: v for k, v in read_metrics(self.metrics_path)[-1].items() if k.startswith("eval/")}

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from dist_worker import FixedRollout
 
-from dppo.config import TrainConfig
+from dppo.config import ConfigError, TrainConfig
 from dppo.reward import math_reward
 from dppo.rollout import SamplingParams
 from dppo.scoring import completion_logprobs
@@ -116,6 +116,38 @@ def test_no_resume_starts_over(tmp_path, embedded):
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
 
 
+def test_checkpoints_removed_after_final_and_a_finished_run_is_not_trained_again(tmp_path, embedded):
+    """keep_checkpoints_after_final: false (the paper profile) keeps only the newest checkpoint while training and none
+    once final/ is written; training the same config into that folder again (resume, the default) finds the run
+    finished instead of starting it over; another config still starts over."""
+    common = dict(lr=2e-4, max_steps=3, eval_every=1000, save_every=1, **{**SMALL, "keep_checkpoints": 1})
+    cfg = TrainConfig(output_dir=str(tmp_path), keep_checkpoints_after_final=False, **common)
+    seen = []
+    tr = Trainer(cfg)
+    real_save = tr.save_checkpoint
+
+    def save_and_look():
+        real_save()
+        seen.append(sorted(p.name for p in (tmp_path / "checkpoints").iterdir()))
+    tr.save_checkpoint = save_and_look
+    acc = tr.fit()
+    assert seen == [["step_1"], ["step_2"], ["step_3"]]  # the newest only, while training
+    assert not (tmp_path / "checkpoints").exists() and (tmp_path / "final" / "model.safetensors").is_file()
+    log, weights = (tmp_path / "metrics.jsonl").read_text(), (tmp_path / "final" / "model.safetensors").read_bytes()
+    again = Trainer(TrainConfig(output_dir=str(tmp_path), keep_checkpoints_after_final=False, eval_every=7,
+                                **{k: v for k, v in common.items() if k != "eval_every"}))  # a resumable change
+    again.train_step = lambda: pytest.fail("a finished run was trained again")
+    assert again.fit() == acc
+    assert (tmp_path / "metrics.jsonl").read_text() == log
+    assert (tmp_path / "final" / "model.safetensors").read_bytes() == weights
+    other = {**common, "lr": 1e-4}  # another run: refused over the finished one, unless told to start over
+    with pytest.raises(ConfigError, match=r"finished run of another config: field\(s\) changed: lr \(0.0002 -> 0.0001\)"):
+        Trainer(TrainConfig(output_dir=str(tmp_path), keep_checkpoints_after_final=False, **other)).fit()
+    Trainer(TrainConfig(output_dir=str(tmp_path), keep_checkpoints_after_final=False, resume=False, **other)).fit()
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+    assert TrainConfig.load(tmp_path / "config.yaml").lr == 1e-4 and not (tmp_path / "checkpoints").exists()
+
+
 def test_zero_rates_reproduce_plain_grpo_exactly(tmp_path, embedded):
     common = dict(lr=2e-4, max_steps=5, eval_every=5, save_every=1000, **SMALL)
     Trainer(TrainConfig(output_dir=str(tmp_path / "grpo"), **common)).fit()
@@ -217,3 +249,27 @@ def test_refill_covers_each_epoch_in_fewer_steps(tmp_path, embedded):
     window = 2 * cfg.prompts_per_step  # refill_window 0 = twice the step's prompts
     assert m[0]["prompts/covered"] == m[1]["prompts/covered"] == window > cfg.prompts_per_step
     assert len(m) <= 2 + 2 * cfg.train_size / cfg.prompts_per_step < 3 * cfg.train_size / cfg.prompts_per_step  # 12 without refill
+
+
+def test_phase_timers_wait_for_the_device_at_phase_boundaries(monkeypatch):
+    """On a GPU kernels run after the call that queued them returns: a phase must be charged with its own queued work
+    (Timer syncs at every boundary). A fake device: queued seconds run, on a fake clock, only when synced."""
+    from dppo import trainer as trainer_mod
+
+    clock, queued = [0.0], [0.0]
+
+    def sync():
+        clock[0] += queued[0]
+        queued[0] = 0.0
+
+    monkeypatch.setattr(trainer_mod.time, "perf_counter", lambda: clock[0])
+    timer = trainer_mod.Timer(sync=sync)
+    with timer("rollout"):
+        queued[0] += 2.0  # launched, not finished
+    with timer("update"):
+        queued[0] += 0.5
+    assert timer.times["rollout"] == 2.0 and timer.times["update"] == 0.5
+    unsynced = trainer_mod.Timer()  # CPU: nothing is queued, the boundaries cost nothing
+    with unsynced("rollout"):
+        queued[0] += 2.0
+    assert unsynced.times["rollout"] == 0.0
