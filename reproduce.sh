@@ -9,33 +9,41 @@
 #   ./reproduce.sh --profile paper          paper-scale parameter files experiments/paper/<study>.yaml (GPUs):
 #                                           each training run its own `accelerate launch` over all local GPUs
 #   ./reproduce.sh --profile paper --dry-run   print every command and the estimated GPU-hours per study
+#   ./reproduce.sh --profile paper --toy    the paper profile end to end at toy scale on CPU (everything it changes:
+#                                           experiments/paper/toy.yaml; output under experiments/results/toy/)
+#   --study may be given more than once (e.g. --study main_results --study case_study)
 #   ./reproduce.sh --train CONFIG.yaml [--field value ...]   one training run (dppo train)
 #   ./reproduce.sh --lab                    open JupyterLab on notebooks/ (every notebook runs interactively)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 mapfile -t STUDIES < <(python3 dppo/studies.py)  # the study registry (dppo.studies), in order; stdlib only
-study="" params="" profile="cpu" dry_run=0 train=() lab=0
+study=() params="" profile="cpu" dry_run=0 train=() lab=0 toy=0
 fail() { echo "reproduce.sh: $1" >&2; exit 2; }
 value() { [ $# -ge 2 ] && [ -n "$2" ] && [ "${2#--}" = "$2" ] || fail "$1 needs a value (see --help)"; }
 # flags first: a bad one (or --help) never waits for the environment to be installed
 while [ $# -gt 0 ]; do
   case "$1" in
     --train) value "$@"; [ -f "$2" ] || fail "--train config file '$2' not found"; shift; train=("$@"); break ;;
-    --study) value "$@"; study="$2"; shift 2 ;;
+    --study) value "$@"; study+=("$2"); shift 2 ;;
     -f|--parameters) value "$@"; [ -f "$2" ] || fail "parameter file '$2' not found"; params="$2"; shift 2 ;;
     --profile) value "$@"; profile="$2"; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
+    --toy) toy=1; shift ;;
     --lab) lab=1; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) fail "unknown option '$1' (see --help)" ;;
   esac
 done
 [ "$profile" = cpu ] || [ "$profile" = paper ] || fail "--profile must be cpu or paper, got '$profile'"
-if [ -n "$study" ]; then
-  [ -f "notebooks/$study.ipynb" ] || fail "--study must be one of: ${STUDIES[*]} paper_figures train, got '$study'"
-  STUDIES=("$study")
+[ "$toy" = 0 ] || { [ "$profile" = paper ] && [ "$dry_run" = 0 ]; } || fail "--toy goes with --profile paper, \
+without --dry-run"
+if [ ${#study[@]} -gt 0 ]; then
+  for s in "${study[@]}"; do
+    [ -f "notebooks/$s.ipynb" ] || fail "--study must be one of: ${STUDIES[*]} paper_figures train, got '$s'"
+  done
+  STUDIES=("${study[@]}")
 fi
-if [ "$profile" = paper ] && [ "$dry_run" = 0 ]; then  # GPUs first: never install CUDA wheels where none can run
+if [ "$profile" = paper ] && [ "$dry_run" = 0 ] && [ "$toy" = 0 ]; then  # GPUs first: never install CUDA wheels where none can run
   command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 || fail "--profile paper needs NVIDIA GPUs \
 (nvidia-smi finds none here); --profile paper --dry-run prints the plan on any machine"
   bash scripts/bootstrap.sh gpu
@@ -49,11 +57,18 @@ if [ ${#train[@]} -gt 0 ]; then exec "$VENV/bin/dppo" train --config "${train[@]
 if [ "$lab" = 1 ]; then  # as root (containers) jupyter refuses to start without --allow-root
   exec .venv/bin/jupyter lab notebooks/ $([ "$(id -u)" = 0 ] && echo --allow-root); fi
 if [ "$dry_run" = 1 ]; then
-  exec .venv/bin/python -m dppo.budget --profile "$profile" ${study:+--study "$study"}
+  budget=(); for s in "${study[@]}"; do budget+=(--study "$s"); done
+  exec .venv/bin/python -m dppo.budget --profile "$profile" "${budget[@]}"
 fi
-mkdir -p experiments/results/notebooks
+out=experiments/results
+if [ "$toy" = 1 ]; then  # dppo.toy: the notebooks and the runs they launch see DPPO_TOY=1
+  export DPPO_TOY=1
+  out="$("$VENV/bin/python" -m dppo.toy root)"
+  mkdir -p "$out/params"
+fi
+mkdir -p "$out/notebooks"
 # Live progress: the notebooks' runs append to this file (dppo.progress): run i/n, step, ETA; followed here.
-export DPPO_PROGRESS_FILE="$PWD/experiments/results/progress.log"
+export DPPO_PROGRESS_FILE="$(cd "$out" && pwd)/progress.log"
 : > "$DPPO_PROGRESS_FILE"
 tail -n +1 -F "$DPPO_PROGRESS_FILE" 2>/dev/null &
 follower=$!
@@ -61,25 +76,26 @@ trap 'kill $follower 2>/dev/null || true' EXIT
 summary=() t_all=$SECONDS
 run_notebook() {  # name, then papermill's extra arguments
   local nb="$1" t0=$SECONDS; shift
-  echo "[reproduce] $(date +%T) study $nb (notebooks/$nb.ipynb -> experiments/results/notebooks/$nb.ipynb)" >> "$DPPO_PROGRESS_FILE"
-  DPPO_SMOKE=0 "$VENV/bin/papermill" "notebooks/$nb.ipynb" "experiments/results/notebooks/$nb.ipynb" --cwd . \
-    --no-progress-bar "$@"
+  echo "[reproduce] $(date +%T) study $nb (notebooks/$nb.ipynb -> $out/notebooks/$nb.ipynb)" >> "$DPPO_PROGRESS_FILE"
+  DPPO_SMOKE=0 "$VENV/bin/papermill" "notebooks/$nb.ipynb" "$out/notebooks/$nb.ipynb" --cwd . --no-progress-bar "$@"
   summary+=("$(awk -v n="$nb" -v s=$((SECONDS - t0)) 'BEGIN { printf "%-18s %5.1f min", n, s / 60 }')")
 }
-for nb in "${STUDIES[@]}"; do
-  args=()
-  if [ -n "$params" ]; then args=(-f "$params")
-  elif [ "$profile" = paper ] && [ -f "experiments/paper/$nb.yaml" ]; then args=(-f "experiments/paper/$nb.yaml"); fi
-  [ "$nb" = paper_figures ] && continue
-  run_notebook "$nb" "${args[@]}"
+study_args() {  # the papermill parameter file of a study under this profile (none: the notebook's defaults)
+  if [ -n "$params" ] && [ "$1" != paper_figures ]; then echo "$params"
+  elif [ "$toy" = 1 ]; then "$VENV/bin/python" -m dppo.toy params "$1" > "$out/params/$1.yaml"; echo "$out/params/$1.yaml"
+  elif [ "$profile" = paper ] && [ -f "experiments/paper/$1.yaml" ]; then echo "experiments/paper/$1.yaml"; fi
+}
+for nb in "${STUDIES[@]/paper_figures/}" paper_figures; do  # the studies, then paper_figures once
+  [ -n "$nb" ] || continue
+  f="$(study_args "$nb")" partial=()
+  [ "$nb" = paper_figures ] && [ ${#study[@]} -gt 0 ] && partial=(-p complete False)  # the other studies may be missing
+  run_notebook "$nb" ${f:+-f "$f"} "${partial[@]}"
 done
-if [ "$profile" = paper ]; then run_notebook paper_figures -f experiments/paper/paper_figures.yaml
-else run_notebook paper_figures; fi
 sleep 1
 kill $follower 2>/dev/null || true
 echo
 echo "[reproduce] done in $(( (SECONDS - t_all) / 60 )) min $(( (SECONDS - t_all) % 60 )) s; time per study:"
 printf '  %s\n' "${summary[@]}"
-figs=figures; [ "$profile" = paper ] && figs=figures/paper
+figs=figures; [ "$toy" = 1 ] && figs="$out/figures"; [ "$profile" = paper ] && figs="$figs/paper"
 echo "[reproduce] regenerated ($figs/): $(ls "$figs" | tr '\n' ' ')"
-echo "[reproduce] executed notebooks, with every table and figure inline: experiments/results/notebooks/"
+echo "[reproduce] executed notebooks, with every table and figure inline: $out/notebooks/"

@@ -8,13 +8,14 @@ from pathlib import Path
 import pandas as pd
 
 from dppo.config import TrainConfig
-from dppo.trainer import load_data
+from dppo.trainer import load_data, read_metrics
 
 
 def case_study_answers(runs: dict[str, Path], split: str = "ood", samples: int = 32, seed: int = 0) -> pd.DataFrame:
     """F5 data: the `split` problem on which the methods' final models disagree most (by sampled accuracy),
-    then for each method, at the initial model and at every kept checkpoint, the counts of its sampled
-    final answers. Columns: method, step, answer, count, samples, correct, question."""
+    then for each method, at the initial model, at every kept checkpoint and at its final model (when no checkpoint
+    of the last step was kept: the paper profile keeps none after final/), the counts of its sampled final
+    answers. Columns: method, step, answer, count, samples, correct, question."""
     import torch
     from safetensors.torch import load_file
 
@@ -51,6 +52,9 @@ def case_study_answers(runs: dict[str, Path], split: str = "ood", samples: int =
     for m, d in runs.items():
         ckpts = sorted(Path(d).glob("checkpoints/step_*/model.safetensors"), key=lambda p: int(p.parent.name[5:]))
         points = [(0, initial)] + [(int(p.parent.name[5:]), load_file(str(p))) for p in ckpts]
+        last = read_metrics(Path(d) / "metrics.jsonl")[-1]["step"]
+        if points[-1][0] != last:
+            points.append((last, finals[m]))
         for step, state in points:
             counts: dict[str, int] = {}
             for t in sample(state, [problem.prompt], samples):

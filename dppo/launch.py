@@ -6,6 +6,11 @@ config, starts `accelerate launch --config_file <accelerate yaml> --num_processe
 
     accelerate_config: experiments/accelerate/fsdp.yaml   # DDP or FSDP (experiments/accelerate/)
     num_processes: 0                                      # 0 = every local GPU (torch.cuda.device_count())
+    launcher: accelerate                                  # or torchrun: `torch.distributed.run --standalone`, the
+                                                          # ranks' Accelerator plain data-parallel (CPU: gloo)
+
+On CPU `accelerate launch` starts one process whatever --num_processes says, so CPU runs of several processes (the
+toy profile, the tests) use `launcher: torchrun`, which is what `accelerate launch` itself runs on GPUs.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from pathlib import Path
 
 from dppo.config import ConfigError, TrainConfig
 
-LAUNCH_FIELDS = ("accelerate_config", "num_processes")
+LAUNCH_FIELDS = ("accelerate_config", "num_processes", "launcher")
+LAUNCHERS = ("accelerate", "torchrun")
 
 
 def check_launch(launch: dict) -> dict:
@@ -27,7 +33,9 @@ def check_launch(launch: dict) -> dict:
     unknown = sorted(set(launch) - set(LAUNCH_FIELDS))
     if unknown:
         raise ConfigError(f"parameter 'launch' has unknown key(s) {unknown}; allowed: {list(LAUNCH_FIELDS)}")
-    out = {"accelerate_config": "experiments/accelerate/ddp.yaml", "num_processes": 0, **launch}
+    out = {"accelerate_config": "experiments/accelerate/ddp.yaml", "num_processes": 0, "launcher": "accelerate", **launch}
+    if out["launcher"] not in LAUNCHERS:
+        raise ConfigError(f"parameter 'launch.launcher' must be one of {list(LAUNCHERS)}, got {out['launcher']!r}")
     if not Path(out["accelerate_config"]).is_file():
         raise ConfigError(f"parameter 'launch.accelerate_config': file {out['accelerate_config']!r} not found")
     if not isinstance(out["num_processes"], int) or out["num_processes"] < 0:
@@ -74,10 +82,13 @@ def local_gpus() -> int:
 
 
 def train_command(run_config: str | Path, launch: dict, num_gpus: int | None = None) -> list[str]:
-    """argv of `accelerate launch ... -m dppo.cli train --config run_config` (num_processes 0 -> `num_gpus`, by
-    default every local GPU)."""
+    """argv of `accelerate launch ... -m dppo.cli train --config run_config` (or torchrun's; num_processes 0 ->
+    `num_gpus`, by default every local GPU)."""
     launch = check_launch(launch)
     n = launch["num_processes"] or (local_gpus() if num_gpus is None else num_gpus) or 1
+    if launch["launcher"] == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
+                "-m", "dppo.cli", "train", "--config", str(run_config)]
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(launch["accelerate_config"]),
             "--num_processes", str(n), "-m", "dppo.cli", "train", "--config", str(run_config)]
 

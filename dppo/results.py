@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 from transformers.utils import logging as hf_logging
 
-from dppo import progress
+from dppo import progress, toy
 from dppo.config import ConfigError, TrainConfig
 from dppo.studies import FIGURES, RESULTS, ROOT, runs_for
 from dppo.trainer import Trainer, read_metrics
@@ -35,26 +35,34 @@ def _profile(profile: str) -> str:
 
 def results_root(smoke: bool = False, profile: str = "cpu") -> Path:
     """Root of the run folders: experiments/results (the paper profile: experiments/results/paper), or a scratch
-    folder for smoke (test) runs."""
-    root = RESULTS / "smoke" if smoke else RESULTS
+    folder for smoke (test) runs, or the toy root (`dppo.toy`)."""
+    root = RESULTS / "smoke" if smoke else toy.root() if toy.active() else RESULTS
     return root / "paper" if _profile(profile) == "paper" else root
+
+
+def study_root(results_dir: str | Path = "", smoke: bool = False, profile: str = "cpu") -> Path:
+    """A study's run folders: `results_dir` under the profile's `results_root` (absolute: as given; "" = the root)."""
+    return results_root(smoke, profile) / results_dir
 
 
 def figures_dir(smoke: bool = False, profile: str = "cpu") -> Path:
     """Where tables and figures go: figures/ (the paper profile: figures/paper, so the CPU figures stay), or a
-    scratch folder for smoke (test) runs."""
-    out = RESULTS / "smoke" / "figures" if smoke else FIGURES
+    scratch folder for smoke (test) runs, or the toy root's figures/."""
+    out = RESULTS / "smoke" / "figures" if smoke else toy.root() / "figures" if toy.active() else FIGURES
     return out / "paper" if _profile(profile) == "paper" else out
 
 
 def run(config: str | Path, output_dir: str | Path, smoke: bool = False, launch: dict | None = None,
         **overrides) -> Path:
     """Train `config` (YAML; relative paths from the repository) into `output_dir` with field overrides; `smoke`
-    shrinks it to seconds. In this process, or, with `launch` ({accelerate_config, num_processes}; `dppo.launch`),
-    as its own `accelerate launch` over the local GPUs. A finished run (its `final/` exists and its config is
+    shrinks it to seconds; under the toy profile `dppo.toy.apply` changes it. In this process, or, with `launch`
+    ({accelerate_config, num_processes, launcher}; `dppo.launch`), as its own `accelerate launch` over the local
+    GPUs. A finished run (its `final/` exists and its config is
     unchanged) is not trained again; a folder holding another config is started over, never resumed."""
     fields = {**(SMOKE if smoke else {}), **overrides, "output_dir": str(output_dir)}
     cfg = TrainConfig.load(ROOT / config, fields)
+    if toy.active():
+        cfg = toy.apply(cfg)
     out = Path(output_dir)
     before = _saved_config(out)
     same = before is not None and dataclasses.replace(before, resume=cfg.resume) == cfg
@@ -80,11 +88,11 @@ def _saved_config(out: Path) -> TrainConfig | None:
 
 
 def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | None = None,
-               root: str | Path = "") -> dict[str, list[Path]]:
-    """Train every run of a study layout (`dppo.studies`) for every seed under `root` (default
-    `results_root(smoke)`; finished runs are skipped); {label: [run folder per seed]}. Each run is announced on
+               root: str | Path = "", profile: str = "cpu") -> dict[str, list[Path]]:
+    """Train every run of a study layout (`dppo.studies`) for every seed under `study_root(root, smoke, profile)`
+    (finished runs are skipped); {label: [run folder per seed]}. Each run is announced on
     the progress file (`dppo.progress`) with its position and, when done, its time."""
-    root = Path(root) if root else results_root(smoke)
+    root = study_root(root, smoke, profile)
     todo = [(label, cfg, over, root / sub) for label, specs in runs_for(layout, seeds).items() for cfg, over, sub in specs]
     out: dict[str, list[Path]] = {}
     trained: list[float] = []  # seconds of the runs trained so far (finished runs found on disk take ~0 s)

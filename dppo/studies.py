@@ -113,16 +113,28 @@ def t5_runs(rates=T5_RATES) -> dict:
 
 
 T5_RUNS = t5_runs()
-SMALL, LARGE = "embedded (0.8 M)", "embedded-large (1.6 M)"
-T3_RUNS = {
-    f"GRPO, {SMALL}": _ON["GRPO"],
-    f"DPPO, {SMALL}": _ON["DPPO"],
-    f"GRPO, {LARGE}": (_G, {**SHORT, "model_name_or_path": "embedded-large"}, "short/grpo_large"),
-    f"DPPO, {LARGE}": (_D, {**_SHORT_DPPO, "model_name_or_path": "embedded-large"}, "short/dppo_large"),
-}
+SMALL, LARGE = "embedded (0.8 M)", "embedded-large (1.6 M)"  # T3's row labels of the two models (CPU profile)
+
+
+def t3_runs(small: str = SMALL, large: str = LARGE) -> dict:
+    """T3 layout: GRPO and DPPO on the small and the large model, rows labelled with the models' names."""
+    return {
+        f"GRPO, {small}": _ON["GRPO"],
+        f"DPPO, {small}": _ON["DPPO"],
+        f"GRPO, {large}": (_G, {**SHORT, "model_name_or_path": "embedded-large"}, "short/grpo_large"),
+        f"DPPO, {large}": (_D, {**_SHORT_DPPO, "model_name_or_path": "embedded-large"}, "short/dppo_large"),
+    }
+
+
+def t3_base(labels) -> dict:
+    """Each T3 row's baseline: GRPO on the same model."""
+    return {label: f"GRPO, {label.split(', ', 1)[1]}" for label in labels}
+
+
+T3_RUNS = t3_runs()
 # Which baseline each row is compared with (speed-up, accuracy gain, and acc/start when the row skipped step 0).
 T2_BASE = {label: label.removesuffix(" + DPPO") for label in T2_RUNS}
-T3_BASE = {label: f"GRPO, {label.split(', ', 1)[1]}" for label in T3_RUNS}
+T3_BASE = t3_base(T3_RUNS)
 
 SHORT_CAPTION = ("CPU scale, short runs: embedded model, 256 training problems x 2 epochs (32 steps of 16 prompts x 8 "
                  "completions), 2 CPU cores; accuracy = final Pass@1 (%) over 6 held-out splits (64 problems x 4 "
@@ -158,12 +170,21 @@ def paper_params(study: str) -> dict:
     return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
 
 
+LAYOUT_PARAMS = ("configs", "overrides", "large_model", "model_labels", "rates")  # papermill parameters that shape one
+
+
+def layout_params(params: dict) -> dict:
+    """The papermill parameters of a study that `study_layouts` takes."""
+    return {k: params[k] for k in LAYOUT_PARAMS if k in params}
+
+
 def study_layouts(study: str, configs: dict | None = None, overrides: dict | None = None,
-                  large_model: str = "embedded-large", rates=T5_RATES) -> dict[str, dict]:
+                  large_model: str = "embedded-large", model_labels=(SMALL, LARGE), rates=T5_RATES) -> dict[str, dict]:
     """{table: layout} that a study notebook trains, from its papermill parameters: `configs` replaces YAML files,
     by row label or by the CPU config file a row uses (the paper profile maps experiments/cpu/grpo.yaml and dppo.yaml
     to its Qwen3 recipes, so T1-T5 train one DPPO recipe and one GRPO recipe), `overrides` applies to every run,
-    `large_model` is T3's larger model, `rates` T5's grid."""
+    `large_model` is T3's larger model and `model_labels` the names of T3's (small, large) models in its rows,
+    `rates` T5's grid."""
     configs, overrides = configs or {}, overrides or {}
 
     def apply(layout: dict, extra=lambda sub: {}) -> dict:
@@ -174,7 +195,8 @@ def study_layouts(study: str, configs: dict | None = None, overrides: dict | Non
     if study == "algorithms":
         return {"T2": apply(T2_RUNS)}
     if study == "scale":
-        return {"T3": apply(T3_RUNS, lambda sub: {"model_name_or_path": large_model} if "large" in sub else {})}
+        return {"T3": apply(t3_runs(*model_labels),
+                            lambda sub: {"model_name_or_path": large_model} if "large" in sub else {})}
     if study == "ablations":
         return {"T4": apply(T4_RUNS), "T5": apply(t5_runs(rates))}
     return {}

@@ -27,8 +27,8 @@ import os
 
 configs = {}  # YAML files by row label or by the CPU config they replace (paper profile: its Qwen3 recipes)
 overrides = {}  # TrainConfig fields applied to every run (e.g. paper-scale model and data)
-launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
-results_dir = ""  # root of the run folders ("" = experiments/results; the paper profile: experiments/results/paper/<study>)
+launch = {}  # {accelerate_config, num_processes, launcher}: each run its own launched process group (dppo.launch); {}: in this process
+results_dir = ""  # the run folders' root, under the profile's (experiments/results, or .../paper); "": that root
 smoke = os.environ.get("DPPO_SMOKE") == "1"
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
@@ -38,7 +38,7 @@ from IPython.display import Markdown, display
 from dppo import results, studies, tables
 
 layout = studies.study_layouts("algorithms", configs=configs, overrides=overrides)["T2"]
-runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir)
+runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir, profile=profile)
 out = results.figures_dir(smoke, profile)
 t2 = tables.table(runs, studies.T2_BASE, "T2_algorithms", studies.caption("T2", profile), "T2", out, cpu_columns=profile == "cpu")
 display(Markdown((out / "T2_algorithms.md").read_text()))

@@ -35,7 +35,8 @@ from dppo import figures, results, studies
 from dppo.case_study import case_study_answers
 
 root = results.results_root(smoke, profile)
-t1_root = studies.paper_params("main_results").get("results_dir", root) if profile == "paper" else root  # T1's runs
+t1_root = results.study_root(studies.paper_params("main_results").get("results_dir", "") if profile == "paper" else "",
+                             smoke, profile)  # where main_results trained T1
 runs = {label: dirs[0] for label, dirs in studies.run_dirs(studies.T1_RUNS, seeds=[0], root=t1_root).items()}  # seed 0
 if smoke:
     samples = 4

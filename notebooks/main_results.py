@@ -27,8 +27,8 @@ import os
 configs = {}  # {label: yaml} to replace the CPU-scale configs of T1 (e.g. paper scale)
 overrides = {}  # TrainConfig fields applied to every run
 seeds = [0, 1, 2]  # each method is trained once per seed (seed = data, order and sampling streams)
-launch = {}  # {accelerate_config, num_processes}: each run as its own `accelerate launch` (dppo.launch); {} = in this process
-results_dir = ""  # root of the run folders ("" = experiments/results; the paper profile: experiments/results/paper/<study>)
+launch = {}  # {accelerate_config, num_processes, launcher}: each run its own launched process group (dppo.launch); {}: in this process
+results_dir = ""  # the run folders' root, under the profile's (experiments/results, or .../paper); "": that root
 smoke = os.environ.get("DPPO_SMOKE") == "1"
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
@@ -40,7 +40,7 @@ from dppo import figures, results, studies, tables
 if smoke:
     seeds = seeds[:2]  # two seeds still give intervals
 layout = studies.study_layouts("main_results", configs=configs, overrides=overrides)["T1"]
-runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir)
+runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile)
 out = results.figures_dir(smoke, profile)
 t1 = tables.table(runs, "GRPO", "T1_main_results", studies.caption("T1", profile), "T1", out, cpu_columns=profile == "cpu")
 display(Markdown((out / "T1_main_results.md").read_text()))
@@ -61,7 +61,8 @@ for label, dirs in runs.items():
     for d in dirs:
         m = results.load_run(d)
         assert (d / "final" / "model.safetensors").is_file() and "eval/avg" in m, d
-assert t1["seeds"].eq(len(seeds)).all() and t1["speedup_ci"].notna().all()  # intervals over >= 2 seeds
+assert t1["seeds"].eq(len(seeds)).all()
+assert len(seeds) < 2 or t1["speedup_ci"].notna().all()  # intervals over >= 2 seeds (the paper profile runs 1)
 dppo = results.load_run(runs["DPPO"][0])
 trained = (dppo["step"] > 0) & (dppo["kept/completion_frac"] > 0)  # a step that kept nothing logs weights 0
 assert (dppo["weights/mean"][trained] >= 1.0 - 1e-6).all()  # 1/pi weights are >= 1

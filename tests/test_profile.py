@@ -1,13 +1,17 @@
 """The paper profile can finish: `./reproduce.sh --profile paper --dry-run` prints every command (each training run
-its own `accelerate launch`) and a GPU-hour budget per study; short studies are short; two checkpoints kept."""
+its own `accelerate launch`) and a GPU-hour and disk budget per study; short studies are short; no checkpoint is kept
+after final/."""
 
+import os
 import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
-from dppo import budget, studies
+from dppo import budget, results, studies
 from dppo.config import ALGORITHMS, ConfigError, TrainConfig
 from dppo.launch import check_launch, train_command
 
@@ -26,10 +30,9 @@ def _paper_runs(study: str) -> dict[str, TrainConfig]:
     params = budget.study_params(study, "paper")
     runs = {}
     seeds = params.get("seeds", studies.BY_NAME[study].seeds)
-    for layout in studies.study_layouts(study, **{k: params[k] for k in ("configs", "overrides", "large_model", "rates")
-                                                  if k in params}).values():
+    for layout in studies.study_layouts(study, **studies.layout_params(params)).values():
         for cfg, over, sub in (spec for specs in studies.runs_for(layout, seeds).values() for spec in specs):
-            out = Path(params["results_dir"]) / sub
+            out = (results.study_root(params.get("results_dir", ""), profile="paper") / sub).relative_to(ROOT)
             runs[str(out)] = TrainConfig.load(cfg, {**over, "output_dir": str(out)})
     return runs
 
@@ -42,20 +45,22 @@ def test_dry_run_prints_a_launch_per_run_and_a_budget_per_study(dry_run):
             line = next(ln for ln in dry_run.splitlines() if f"{out}/launch.yaml" in ln)
             assert "accelerate.commands.launch --config_file experiments/accelerate/fsdp.yaml" in line
         row = next(ln for ln in dry_run.splitlines() if ln.startswith(f"| {study} |"))
-        n_runs, gpu_hours, _, disk_tb = row.split("|")[2:6]
+        n_runs, gpu_hours, _, disk_tb, peak_tb = row.split("|")[2:7]
+        assert float(peak_tb) > float(disk_tb)  # a run holds checkpoints while it trains
         assert int(n_runs) == len(runs) and float(gpu_hours.replace(",", "")) > 0
-        # the disk the runs keep: checkpoints (12 bytes a parameter each) and final/ (4)
-        want = sum(budget.model_params(c.model_name_or_path.removeprefix("hf:")) * (12 * c.keep_checkpoints + 4)
-                   for c in runs.values()) / 1e12
+        # the paper runs keep final/ (4 bytes a parameter) and no checkpoint (12 bytes a parameter each) once final/
+        # is written; while one trains it holds its newest checkpoint and the one being written
+        assert all(c.keep_checkpoints == 1 and not c.keep_checkpoints_after_final for c in runs.values())
+        want = sum(budget.model_params(c.model_name_or_path.removeprefix("hf:")) * 4 for c in runs.values()) / 1e12
         assert float(disk_tb) == pytest.approx(want, abs=0.006), (study, disk_tb, want)
     assert "| **total** |" in dry_run
 
 
-def test_paper_runs_keep_two_checkpoints_short_studies_are_short_and_folders_do_not_collide():
+def test_paper_runs_keep_no_checkpoint_after_final_short_studies_are_short_and_folders_do_not_collide():
     seen: dict[str, dict] = {}
     for study in ("main_results", "algorithms", "scale", "ablations"):
         for out, cfg in _paper_runs(study).items():
-            assert cfg.keep_checkpoints == 2, out
+            assert cfg.keep_checkpoints == 1 and not cfg.keep_checkpoints_after_final, out
             assert cfg.model_name_or_path.startswith("hf:Qwen/Qwen3-")
             if study == "ablations":
                 assert cfg.epochs <= 3, out
@@ -63,6 +68,8 @@ def test_paper_runs_keep_two_checkpoints_short_studies_are_short_and_folders_do_
                 assert cfg.epochs == 15 and cfg.eval_every == 50, out
             assert out not in seen or seen[out] == cfg.to_dict(), f"{out}: two different runs in one folder"
             seen[out] = cfg.to_dict()
+    t3 = studies.study_layouts("scale", **studies.layout_params(studies.paper_params("scale")))["T3"]
+    assert list(t3) == ["GRPO, Qwen3-4B", "DPPO, Qwen3-4B", "GRPO, Qwen3-8B", "DPPO, Qwen3-8B"]  # named as trained
     ablation = budget.run_gpu_hours(next(iter(_paper_runs("ablations").values())))
     full = budget.run_gpu_hours(next(iter(_paper_runs("main_results").values())))
     assert ablation < full / 3
@@ -70,6 +77,7 @@ def test_paper_runs_keep_two_checkpoints_short_studies_are_short_and_folders_do_
 
 # what a row of T1-T5 may change about its method's recipe (its own ablation, algorithm, model or schedule)
 ROW_FIELDS = {"output_dir", "seed", "epochs", "eval_every", "eval_before_train", "keep_checkpoints", "save_every",
+              "keep_checkpoints_after_final",
               "train_size", "algorithm", "model_name_or_path", "prompt_prune_rate", "completion_prune_rate", "pruner",
               "packing", "refill"} | {k for preset in ALGORITHMS.values() for k in preset}  # an algorithm's preset
 
@@ -138,3 +146,26 @@ def test_launch_fetches_hub_model_and_data_once_in_the_parent_before_the_ranks_s
     local = TrainConfig.from_dict({**cfg.to_dict(), "model_name_or_path": "embedded", "dataset": "embedded",
                                    "eval_datasets": None})
     assert launch_mod.hub_sources(local) == ([], [])
+
+
+def test_paper_profile_stops_in_one_line_without_gpus_or_its_environment(tmp_path):
+    """`./reproduce.sh --profile paper` on a machine whose nvidia-smi finds no GPU stops before installing anything
+    (exit 2, one line); the GPU environment check names what is missing; the gpu extra pins the vLLM the weight push
+    is tested against, and bootstrap.sh gpu installs that same version first."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "reproduce.sh", "--profile", "paper"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert done.stderr.count("\n") == 1 and "needs NVIDIA GPUs" in done.stderr, done.stderr
+    check = subprocess.run([sys.executable, "-m", "dppo.launch", "--check-gpu"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+    assert check.returncode == 2 and check.stderr.count("\n") == 1, check.stderr
+    assert "CUDA" in check.stderr and "vLLM" in check.stderr and "flash-attn" in check.stderr
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    pin = next(d for d in extra if d.startswith("vllm"))
+    assert pin == "vllm==0.32.*"  # the version whose Worker.reload_weights takes weights_iterator (tests/test_vllm.py)
+    assert f'pip install -q "{pin}"' in (ROOT / "scripts" / "bootstrap.sh").read_text()

@@ -1,0 +1,99 @@
+"""The paper profile end to end, at toy scale (`./reproduce.sh --profile paper --toy`; experiments/paper/toy.yaml
+lists everything the toy changes): the paper's T1 recipes through the real orchestration — papermill, each run its own
+launched process group (torchrun, 2 gloo processes), the paper's data loaders on benchmark-schema records — then the
+case study and paper_figures, reporting into the toy root's figures/paper/."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from dppo import studies, toy
+from dppo.config import ConfigError, TrainConfig
+from dppo.trainer import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = list(TrainConfig.load(ROOT / "experiments/paper/dppo_qwen3_4b_math.yaml").eval_datasets)
+
+
+def _digest(folder: Path) -> str:
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file())).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    """./reproduce.sh --profile paper --toy --study main_results --study case_study into a fresh toy root."""
+    root = tmp_path_factory.mktemp("toy")
+    cpu_figures = _digest(ROOT / "figures")
+    env = {**os.environ, "DPPO_TOY_ROOT": str(root)}
+    env.pop("DPPO_TOY", None)
+    done = subprocess.run(["bash", "reproduce.sh", "--profile", "paper", "--toy", "--study", "main_results",
+                           "--study", "case_study"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return root, done.stdout + done.stderr, cpu_figures
+
+
+def test_t1_trains_the_paper_recipes_each_launched_on_two_processes(toy_run):
+    root, _, _ = toy_run
+    log = (root / "notebooks" / "main_results.ipynb").read_text()  # the executed notebook: dppo.launch's commands
+    paper = studies.paper_params("main_results")
+    toy_spec = toy.spec()
+    for label, (cpu_config, over, sub) in studies.T1_RUNS.items():
+        run = root / "paper" / sub / "seed0"
+        assert f"--nproc_per_node 2 -m dppo.cli train --config {run}/launch.yaml" in log, label
+        saved = TrainConfig.load(run / "config.yaml").to_dict()
+        recipe = TrainConfig.load(ROOT / paper["configs"][label], {**over, **paper["overrides"], "seed": 0}).to_dict()
+        # the paper recipe but for what toy.yaml changes: its fields, the hub model and the hub data made local (and
+        # where the run goes; a new folder starts with resume off)
+        changed = {k for k in saved if saved[k] != recipe[k]}
+        assert changed <= set(toy_spec["fields"]) | {"model_name_or_path", "dataset", "eval_datasets", "output_dir",
+                                                      "resume"}, \
+            (label, {k: (recipe[k], saved[k]) for k in changed - set(toy_spec["fields"])})
+        assert Path(saved["model_name_or_path"]) == root / "models" / "Qwen--Qwen3-4B"
+        assert json.loads((root / "models/Qwen--Qwen3-4B/toy.json").read_text())["stands_for"] == recipe["model_name_or_path"]
+        assert {k: Path(v).name for k, v in saved["eval_datasets"].items()} == \
+            {k: Path(toy_spec["data"][v]).name for k, v in recipe["eval_datasets"].items()}
+        steps = [r for r in read_metrics(run / "metrics.jsonl") if r["step"] > 0]
+        assert steps and all(r["processes"] == 2 for r in steps), label
+        # the paper profile keeps no checkpoint once final/ is written
+        assert (run / "final" / "model.safetensors").is_file() and not (run / "checkpoints").exists(), label
+
+
+def test_tables_have_a_column_per_paper_benchmark_and_the_cpu_figures_stay(toy_run):
+    root, _, cpu_figures = toy_run
+    out = root / "figures" / "paper"
+    t1 = pd.read_csv(out / "T1_main_results.csv", index_col=0)
+    assert list(t1.index) == list(studies.T1_RUNS)
+    for split in BENCHMARKS + ["avg"]:
+        assert f"acc/{split}" in t1.columns, split
+    table = (out / "T1_main_results.md").read_text()
+    assert all(f" {b} " in table for b in BENCHMARKS) and "CPU" not in table.split("\n\n", 1)[1]
+    for name in ("F1_method_overview", "F2_training_curves", "F5_case_study"):
+        assert (out / f"{name}.png").is_file(), name
+    case = pd.read_csv(root / "paper" / "case_study.csv")  # a MATH-500 problem (experiments/paper/case_study.yaml)
+    math500 = {json.loads(ln)["problem"] for ln in (ROOT / "tests/fixtures/math500.jsonl").read_text().splitlines()}
+    assert any(q in case["question"].iloc[0] for q in math500)
+    assert set(case["method"]) == set(studies.T1_RUNS) and case.groupby("method")["step"].max().gt(0).all()
+    assert _digest(ROOT / "figures") == cpu_figures  # the CPU tables and figures were not touched
+    assert (root / "notebooks" / "paper_figures.ipynb").is_file()
+
+
+def test_toy_refuses_a_hub_source_it_has_no_local_copy_of(monkeypatch, tmp_path):
+    monkeypatch.setenv("DPPO_TOY_ROOT", str(tmp_path))
+    cfg = TrainConfig.load(ROOT / "experiments/paper/grpo_qwen3_4b_math.yaml")
+    with pytest.raises(ConfigError, match="config field 'eval_datasets.extra': the toy has no local copy of 'hf:x/y'"):
+        toy.apply(TrainConfig(**{**cfg.to_dict(), "eval_datasets": {**cfg.eval_datasets, "extra": "hf:x/y"}}))
+    with pytest.raises(ConfigError, match="'model_name_or_path': the toy has no stand-in for 'hf:Qwen/Qwen3-32B'"):
+        toy.apply(TrainConfig(**{**cfg.to_dict(), "model_name_or_path": "hf:Qwen/Qwen3-32B"}))
+    params = toy.study_params("main_results")  # paper parameters + toy.yaml's, merged key by key
+    assert params["launch"] == {**studies.paper_params("main_results")["launch"], "launcher": "torchrun",
+                                "num_processes": 2}
+    assert params["configs"] == studies.paper_params("main_results")["configs"]
+    assert yaml.safe_load(subprocess.run([sys.executable, "-m", "dppo.toy", "params", "scale"], cwd=ROOT, text=True,
+                                         capture_output=True, check=True).stdout)["launch"]["num_processes"] == 1
