@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The GPU checks in one prepared run (<= 5 minutes on one GPU, no downloads): packed == padded on CUDA,
-# scoring memory at the real Qwen3 vocabulary, two DPPO steps in bf16 with packing, rollout tokens/s.
+# The paper path on one GPU with a verdict (bench/gpu_check.py: one table of check, value, tolerance, PASS / FAIL /
+# SKIPPED; exit 1 on any FAIL). <= 5 minutes, no downloads. Options go to gpu_check.py (--device cpu: the dry run the
+# test suite runs; --tolerance NAME=VALUE; --only GROUP).
 # On a machine whose python3 already has torch + transformers + accelerate (e.g. the lent GPU machine):
-#   bash bench/gpu_check.sh            # uses python3 and the repo on PYTHONPATH
+#   bash bench/gpu_check.sh            # uses python3 (or $PYTHON) and the repo on PYTHONPATH
 # Packages dppo needs that the machine lacks (math-verify, ...) can be carried as wheels in .whl/
 # (see the device tool's README); they are installed to /tmp/site first.
 set -euo pipefail

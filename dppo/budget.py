@@ -101,6 +101,26 @@ def run_disk_bytes(cfg: TrainConfig) -> tuple[float, float]:
             final + checkpoints + CHECKPOINT_BYTES_PER_PARAM * n_params)
 
 
+def update_peak_bytes(n_params: float, hidden: int, intermediate: int, layers: int, vocab: int, tokens: int,
+                      checkpointing: bool = True, logits_chunk_bytes: int = 256 * 2**20, world: int = 1) -> float:
+    """An upper bound on the device memory of one update step (forward + backward + AdamW) under bf16 autocast over
+    fp32 master weights, checked by bench/gpu_check.py on a GPU:
+
+        16 N / world                 fp32 weights, gradients and AdamW's two moments (FSDP shards all four)
+      + 2 N                          bf16 copies autocast makes of the weights during a forward / backward
+      + T H 4 L  (checkpointing)     each layer's fp32 input kept for the recompute
+        or T (34 H + 5 I) L (not)    every layer's activations in bf16 (attention and MLP intermediates)
+      + T (34 H + 5 I)               one layer's activations, recomputed in the backward
+      + 3 logits_chunk_bytes + 4 V H the selective log-softmax's fp32 logits (forward, softmax, its gradient) and
+                                     the head's fp32 gradient accumulator
+    with T = tokens of the micro-batch, H hidden, I intermediate, L layers, V vocabulary; x 1.25 and + 1 GiB for the
+    allocator's fragmentation and the CUDA context's workspace."""
+    layer = tokens * (34 * hidden + 5 * intermediate)
+    acts = tokens * hidden * 4 * layers if checkpointing else layer * layers
+    need = 16 * n_params / world + 2 * n_params + acts + layer + 3 * logits_chunk_bytes + 4 * vocab * hidden
+    return 1.25 * need + 2**30
+
+
 def study_params(study: str, profile: str) -> dict:
     """The study notebook's papermill parameters under `profile` (the cpu profile: the notebook defaults)."""
     from dppo.studies import paper_params

@@ -103,3 +103,14 @@ def test_tis_weights_correct_a_real_mismatch(tmp_path, embedded):
     # policy (here every sampled token lost probability); that the weights move off 1 with the mismatch does not
     assert abs(stats[-1]["rollout_is/weight"] - 1) > 1e-3 and stats[-1]["rollout_is/weight"] <= 1.5
     assert 0 <= stats[-1]["rollout_is/capped_frac"] <= 1
+
+
+def test_gpu_check_vllm_rows_pass_in_its_cpu_dry_run():
+    """bench/gpu_check.sh's vLLM checks, which the main environment skips: vLLM's log-probs equal the trainer's, and
+    after the weights change and are pushed in place the engine samples from the new weights, not the old; its
+    training check (the paper recipe through accelerate launch) then rolls out on vLLM, with TIS."""
+    from test_gpu_check import gpu_check
+
+    rc, verdicts, out = gpu_check("--only", "vllm", "--only", "train")
+    assert rc == 0 and verdicts["vllm_logprobs"] == verdicts["vllm_follows"] == verdicts["train"] == "PASS", out
+    assert "2 steps (vllm, sdpa)" in out, out
