@@ -58,8 +58,8 @@ class TrainConfig:
     model_name_or_path: str = _f("embedded", "'embedded' (tiny Qwen3 built locally; 'embedded-large': twice "
                                  "the depth), a local model dir, or hf:<repo id>.")
     dtype: str = _f("float32", "Compute dtype. bfloat16 / float16 = mixed precision: fp32 master weights and "
-                    "optimizer state, torch.autocast compute (float16 with a grad scaler); the reference model "
-                    "is stored in this dtype. float16 needs CUDA.", choices=tuple(COMPUTE_DTYPES))
+                    "optimizer state, torch.autocast compute (float16 with a grad scaler); the KL reference is "
+                    "scored the same way (fp32 weights, sharded under FSDP). float16 needs CUDA.", choices=tuple(COMPUTE_DTYPES))
     gradient_checkpointing: bool = _f(False, "Recompute the decoder's activations in the backward pass (less memory, "
                                       "about a third more compute).")
     attn_implementation: str = _f("sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
@@ -156,6 +156,8 @@ class TrainConfig:
     vllm_gpu_memory_utilization: float = _f(0.3, "vllm: share of GPU memory for vLLM's weights and KV cache (it "
                                             "sleeps during the update).")
     vllm_tensor_parallel_size: int = _f(1, "vllm: GPUs per engine.")
+    vllm_max_num_seqs: int = _f(256, "vllm: sequences decoded at once per engine; size it to the rollout a rank "
+                                "generates per step (prompts_per_step x group_size / processes), so no request waits.")
     vllm_max_model_len: int = _f(0, "vllm: longest prompt + completion (0 = the longest prompt of the data + "
                                  "max_new_tokens).")
     rollout_is_correction: str = _f("none", "Train/inference mismatch correction: tis = truncated importance "
@@ -218,7 +220,7 @@ class TrainConfig:
         for name in ("prompts_per_step", "max_new_tokens", "ppo_epochs", "num_minibatches", "micro_batch_size",
                      "rollout_batch_size", "eval_every", "eval_samples", "save_every", "keep_checkpoints",
                      "train_size", "eval_size", "dapo_max_rounds", "pack_capacity", "micro_batch_tokens",
-                     "vllm_tensor_parallel_size", "max_skipped_steps", "process_group_timeout_s"):
+                     "vllm_tensor_parallel_size", "vllm_max_num_seqs", "max_skipped_steps", "process_group_timeout_s"):
             _check(int(getattr(self, name)) >= 1, name, "an integer >= 1", getattr(self, name))
         for name in ("max_steps", "warmup_steps", "top_k", "refill_window", "rollout_token_budget",
                      "vllm_max_model_len", "zero_variance_warn_steps"):

@@ -1,7 +1,7 @@
 """Data parallelism over processes (accelerate: DDP or FSDP; docs/method.md §4.1).
 
 Every rank composes the same step (composer, history and pruner state, masks from the same generator); the work
-that costs is split: rank r rolls out and scores `shard(rolled, r)`, the rollouts are gathered (`gather_rollouts`)
+that costs is split: rank r rolls out and scores `shard(rolled, r)`, the rollouts are gathered (`rollout.gather_rollouts`)
 so rewards, advantages, history and the normaliser Z are global, and each rank trains on its share of the kept
 rows (`balance`), with its loss taken as its share of the global loss L_hat = sum_r L_r:
 
@@ -13,12 +13,9 @@ forward passes (`pad_to`), filling with zero-weight dummies where it has less wo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import torch
-
-if TYPE_CHECKING:
-    from dppo.rollout import RolloutBatch
 
 
 def shard(items: list, rank: int, world: int) -> list:
@@ -32,18 +29,6 @@ def unshard(parts: list[list]) -> list:
     for i in range(sum(len(p) for p in parts)):
         out.append(parts[i % world][i // world])
     return out
-
-
-def gather_rollouts(parts: list[RolloutBatch], group_size: int) -> RolloutBatch:
-    """The rollouts of every rank (each a `shard` of the rolled prompts, G rows per prompt) as one batch in the
-    global prompt order."""
-    from dppo.rollout import RolloutBatch
-
-    groups = []
-    for b in parts:  # each rank's batch as a list of its prompts' row groups
-        groups.append([RolloutBatch(*(getattr(b, f)[j: j + group_size] for f in RolloutBatch.FIELDS))
-                       for j in range(0, len(b.completion_ids), group_size)])
-    return RolloutBatch.concat(unshard(groups))
 
 
 def balance(lengths: list[int], world: int) -> list[list[int]]:
@@ -76,6 +61,21 @@ def full_state_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
 def is_sharded(model: torch.nn.Module) -> bool:
     """True when `model`'s parameters are FSDP2 shards (DTensor)."""
     return any(hasattr(p, "full_tensor") for p in model.parameters())
+
+
+def shard_frozen(scorer: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2 shards of a model that is only scored, never trained (the KL reference, a `TokenLogprobs`), the way
+    accelerate shards the policy (experiments/accelerate/fsdp.yaml: each decoder layer its own unit, then the root),
+    so it costs 4 / W bytes a parameter instead of a full copy per rank. Scoring it is a collective: every rank runs
+    the same number of forwards (`pad_to`)."""
+    from torch.distributed.fsdp import fully_shard
+
+    units = set(getattr(scorer, "_no_split_modules", None) or [])
+    for module in list(scorer.modules()):
+        if type(module).__name__ in units:
+            fully_shard(module)
+    fully_shard(scorer)
+    return scorer
 
 
 def all_gather(obj) -> list:

@@ -50,6 +50,21 @@ def pack_rows(lengths: list[int], capacity: int, step: int = 8) -> list[list[int
     return best
 
 
+def token_groups(lengths: list[int], budget: int) -> list[list[int]]:
+    """Groups of items, longest first, each of total length <= `budget` (an item longer than `budget` alone): the
+    micro-batches of a one-row kernel (flash-attn's varlen: a micro-batch is one row of its sequences end to end, so
+    a row width means nothing and `pack_rows`' width search is not needed)."""
+    groups: list[list[int]] = []
+    used = budget
+    for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
+        if used + lengths[i] > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(i)
+        used += lengths[i]
+    return groups
+
+
 def _attention_kernel(scorer) -> str:
     """The attn_implementation of a (possibly DDP-wrapped) TokenLogprobs' causal LM."""
     policy = getattr(scorer, "module", scorer).policy

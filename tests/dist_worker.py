@@ -33,6 +33,9 @@ class FixedRollout:
     def sync_weights(self, model) -> None:
         pass
 
+    def sleep(self) -> None:
+        pass
+
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
         out = RolloutBatch([], [], [], [], [])
         for p in prompts:
@@ -88,7 +91,7 @@ def fsdp(out: str) -> None:
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from dppo.distributed import all_gather, full_state_items, is_sharded
+    from dppo.distributed import all_gather, full_state_items, is_sharded, shard_frozen
     from dppo.model import load_policy
     from dppo.rollout import HFRollout
     from dppo.scoring import TokenLogprobs, completion_logprobs
@@ -127,7 +130,15 @@ def fsdp(out: str) -> None:
     full = dict(full_state_items(scorer.policy))
     weight_diff = max(float((v - full[k]).abs().max()) for k, v in copy.state_dict().items())
     ref_diff = max(float((v - reference.policy.state_dict()[k]).abs().max()) for k, v in copy.state_dict().items())
-    rows = all_gather((rank, is_sharded(scorer.policy), grad_diff, weight_diff, ref_diff))
+    # the KL reference, sharded the same way (dppo.distributed.shard_frozen) and only scored: every rank's rows equal
+    # the unsharded model's
+    frozen = shard_frozen(TokenLogprobs(load_policy("embedded", "float32", "sdpa")[0].requires_grad_(False)))
+    whole = TokenLogprobs(load_policy("embedded", "float32", "sdpa")[0])
+    with torch.no_grad():
+        mp, mc = [p_ids[i] for i in mine], [c_ids[i] for i in mine]
+        frozen_diff = float((completion_logprobs(frozen, mp, mc, 0) - completion_logprobs(whole, mp, mc, 0)).abs().max())
+    rows = all_gather((rank, is_sharded(scorer.policy) and is_sharded(frozen), grad_diff, weight_diff, ref_diff,
+                       frozen_diff))
     if rank == 0:
         with open(out + "/fsdp.yaml", "w") as f:
             yaml.safe_dump({"ranks": [list(r) for r in rows]}, f)

@@ -149,11 +149,12 @@ def test_two_process_run_logs_once_and_resumes_like_an_uninterrupted_run(tmp_pat
 def test_fsdp_sharded_scoring_gradients_and_weight_gather(tmp_path, embedded):
     """FSDP2 shards of TokenLogprobs (the module the trainer hands accelerate): the vocabulary projection inside
     the wrapped forward gives the unsharded gradient (loss x W, averaged reduce-scatter), and the rollout engine's
-    full copy is refreshed from the gathered shards."""
+    full copy is refreshed from the gathered shards; the KL reference, sharded the same way, scores as the whole model."""
     _torchrun(2, str(WORKER), "fsdp", str(tmp_path))
     ranks = yaml.safe_load((tmp_path / "fsdp.yaml").read_text())["ranks"]
     assert len(ranks) == 2
-    for rank, sharded, grad_diff, weight_diff, ref_diff in ranks:
-        assert sharded
+    for rank, sharded, grad_diff, weight_diff, ref_diff, frozen_diff in ranks:
+        assert sharded  # the policy and the KL reference (shard_frozen)
         assert grad_diff <= 1e-4, (rank, grad_diff)  # relative (a wrong W or averaging would be off by 0.5 or more)
         assert weight_diff == 0.0 and ref_diff == 0.0, (rank, weight_diff, ref_diff)
+        assert frozen_diff <= 1e-5, (rank, frozen_diff)  # the sharded reference scores as the whole model

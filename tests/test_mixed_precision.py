@@ -105,3 +105,18 @@ def test_bf16_step_follows_the_fp32_step(tmp_path, embedded):
     fp32, bf16 = torch.tensor(curves["float32"]), torch.tensor(curves["bfloat16"])
     assert fp32[-1] > 0, curves  # the fp32 run learns the batch's contrast
     assert ((bf16 - fp32).abs() <= 0.15 * fp32.abs().max()).all(), curves
+
+
+def test_the_reference_scores_like_the_policy_so_the_kl_is_zero_before_the_first_update(tmp_path, embedded):
+    """With kl_coef > 0 the reference is the initial policy scored the policy's way (fp32 weights under bf16 autocast):
+    before any update its log-probs equal the policy's bit for bit, and the first on-policy step's KL term is 0 (a
+    pure-bf16 copy, as before, differs from the autocast policy by bf16 rounding: KL > 0 before training starts)."""
+    tr = _trainer(tmp_path, dtype="bfloat16", kl_coef=0.05, packing="dense")
+    batch, adv = _batch(tr)
+    tr.groups = [r // 4 for r in range(len(batch.completion_ids))]
+    policy = tr.logprobs_no_grad(tr.model, batch.prompt_ids, batch.completion_ids)
+    ref = tr.logprobs_no_grad(tr.ref_model, batch.prompt_ids, batch.completion_ids)
+    assert torch.equal(policy, ref)
+    assert next(tr.ref_model.parameters()).dtype == torch.float32
+    stats = tr.update(batch, list(range(len(batch.completion_ids))), adv, torch.ones(len(adv)), float(len(adv)), Timer())
+    assert stats["kl"] == 0.0, stats["kl"]

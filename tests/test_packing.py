@@ -1,5 +1,7 @@
 """Packed (padding-free, block-diagonal) log-probs and gradients equal padded ones (docs/method.md §3)."""
 
+import random
+
 import pytest
 import torch
 
@@ -156,3 +158,34 @@ def test_shared_prompt_layout_refuses_flash_attention(embedded):
             shared_prompt_logprobs(model, [[5, 6]], [[7]], [0], 0, 1.0, 64)
     finally:
         model.config._attn_implementation = "sdpa"
+
+
+def test_token_groups_for_a_one_row_kernel():
+    """flash-attn takes a micro-batch as one row: the rows are grouped greedily (longest first) into micro-batches of
+    <= micro_batch_tokens, each row once, an over-long row alone — and the trainer plans its dense micro-batches
+    this way under flash_attention_2 (sdpa keeps pack_rows' bins)."""
+    import types
+
+    from dppo.config import TrainConfig
+    from dppo.packing import token_groups
+    from dppo.trainer import Trainer
+
+    rng = random.Random(0)
+    lengths = [rng.randint(5, 300) for _ in range(60)] + [900]
+    groups = token_groups(lengths, 512)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in g) <= 512 or len(g) == 1 for g in groups)
+    assert [900] in [[lengths[i] for i in g] for g in groups]
+    order = [lengths[i] for g in groups for i in g]
+    assert order == sorted(order, reverse=True)
+    assert all(sum(lengths[i] for i in a) + lengths[b[0]] > 512 for a, b in zip(groups, groups[1:]))  # greedy
+    p_ids = [[1] * 10 for _ in lengths]
+    c_ids = [[2] * (n - 10) for n in lengths]
+    rows = list(range(0, len(lengths), 2))
+    for attn in ("flash_attention_2", "sdpa"):
+        stub = types.SimpleNamespace(packing="dense", cfg=TrainConfig(attn_implementation=attn, packing="dense",
+                                                                      pack_capacity=256, micro_batch_tokens=512))
+        plan = Trainer.micro_batches(stub, rows, c_ids, p_ids)
+        assert sorted(i for mb in plan for i in mb) == rows
+        want = [[rows[j] for j in g] for g in token_groups([lengths[i] for i in rows], 512)]
+        assert (plan == want) == (attn == "flash_attention_2"), attn

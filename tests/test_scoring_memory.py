@@ -153,3 +153,18 @@ def test_flash_attention_gets_one_row_and_sdpa_rows_of_capacity():
             assert starts == [0, 30, 55]  # longest first: 30, 25, 12 tokens
         else:
             assert ids.shape[0] >= 2 and ids.shape[1] <= 40
+
+
+def test_logits_chunk_budget_is_thousands_of_tokens_on_a_gpu_and_small_on_cpu(monkeypatch):
+    """The selective log-softmax's chunk: 256 MiB of fp32 logits on CPU; on CUDA 2% of the device (at most 4 GiB), so
+    at Qwen3's vocabulary an 80 GB GPU scores ~2,600 tokens a chunk instead of 441."""
+    import types
+
+    from dppo import scoring
+
+    vocab = 151_936
+    assert scoring.logits_chunk_bytes("cpu") // (4 * vocab) == 441
+    monkeypatch.setattr(scoring.torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(total_memory=80e9))
+    assert scoring.logits_chunk_bytes("cuda:0") // (4 * vocab) == 2632
+    monkeypatch.setattr(scoring.torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(total_memory=1e12))
+    assert scoring.logits_chunk_bytes("cuda:0") == 4 * 2**30

@@ -273,3 +273,20 @@ def test_phase_timers_wait_for_the_device_at_phase_boundaries(monkeypatch):
     with unsynced("rollout"):
         queued[0] += 2.0
     assert unsynced.times["rollout"] == 0.0
+
+
+def test_the_rollout_engine_sleeps_once_per_step_before_the_update_and_once_per_evaluation(tmp_path, embedded):
+    """vLLM on CUDA frees its memory when told to (`sleep`): the trainer tells it once per step, after every rollout
+    of the step and before the update, and once after an evaluation, not between its splits."""
+    cfg = TrainConfig(output_dir=str(tmp_path), max_steps=2, eval_every=1000, save_every=1000, **SMALL)
+    tr = FixedRollout.install(Trainer(cfg))
+    events = []
+    generate, update = tr.engine.generate, tr.update
+    tr.engine.generate = lambda *a, **k: events.append("generate") or generate(*a, **k)
+    tr.engine.sleep = lambda: events.append("sleep")
+    tr.update = lambda *a, **k: events.append("update") or update(*a, **k)
+    tr.train_step()
+    assert events == ["generate", "sleep", "update"], events
+    events.clear()
+    tr.run_eval()
+    assert events == ["generate"] * len(tr.evals) + ["sleep"] and len(tr.evals) > 1, events
