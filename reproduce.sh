@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
     --dry-run) dry_run=1; shift ;;
     --toy) toy=1; shift ;;
     --lab) lab=1; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#'; exit 0 ;;
     *) fail "unknown option '$1' (see --help)" ;;
   esac
 done

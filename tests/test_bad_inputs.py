@@ -246,6 +246,8 @@ def test_eval_of_a_checkpoint_and_of_nonsense(capsys, tmp_path, one_step_run):
                                         (["--study", "nonsense"], "--study must be one of"),
                                         (["--train", "missing.yaml"], "not found"),
                                         (["--profile"], "--profile needs a value"),
+                                        (["--toy"], "--toy goes with --profile paper"),
+                                        (["--profile", "paper", "--toy", "--dry-run"], "without --dry-run"),
                                         pytest.param(["--profile", "paper"], "needs NVIDIA GPUs", marks=pytest.mark.skipif(
                                             _HAS_CUDA, reason="GPUs present: the paper profile would start"))])
 def test_reproduce_flags(tmp_path, args, says):
@@ -253,3 +255,10 @@ def test_reproduce_flags(tmp_path, args, says):
     r = subprocess.run(["bash", str(ROOT / "reproduce.sh"), *args], capture_output=True, text=True, env=env,
                        timeout=30)
     assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_reproduce_help_is_the_header_and_nothing_else():
+    r = subprocess.run(["bash", str(ROOT / "reproduce.sh"), "--help"], capture_output=True, text=True, timeout=30)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and lines and all(ln.startswith("#") for ln in lines), r.stdout
+    assert any("--toy" in ln for ln in lines) and any("--lab" in ln for ln in lines)
