@@ -28,9 +28,9 @@ SPEC_FILE = ROOT / "experiments" / "paper" / "toy.yaml"
 # A Qwen3-style chat template for the toy tokenizer: a user turn, then the assistant's, with Qwen3's empty thinking
 # block when the caller passes enable_thinking=False (what the paper YAMLs' chat_template_kwargs do).
 CHAT_TEMPLATE = (
-    "{%- for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{%- if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{%- endif %}{%- endif %}")
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
 
 
 def active() -> bool:
@@ -68,23 +68,16 @@ def model_dir(repo: str) -> Path:
     """The toy stand-in for hub model `repo` (`hf:<id>`): a Qwen3ForCausalLM with random weights (seed 0) of the size
     toy.yaml gives, with the embedded tokenizer and a Qwen3-style chat template; built once under the toy root
     (atomic rename: concurrent builders never see a half-written folder)."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from dppo.model import EMBEDDED_SPEC, build_tokenizer
+    from dppo.model import EMBEDDED_SPEC, build_untrained
 
     sizes = spec()["models"][repo]
     out = root() / "models" / repo.removeprefix("hf:").replace("/", "--")
     made = out / "toy.json"
     if made.is_file() and json.loads(made.read_text()) == {"stands_for": repo, "sizes": sizes}:
         return out
-    tok = build_tokenizer(EMBEDDED_SPEC["vocab_size"])
+    model, tok = build_untrained({**EMBEDDED_SPEC, "arch": {**EMBEDDED_SPEC["arch"], "max_position_embeddings": 4096,
+                                                            **sizes}}, seed=0)
     tok.chat_template = CHAT_TEMPLATE
-    arch = {**EMBEDDED_SPEC["arch"], "max_position_embeddings": 4096, **sizes}
-    cfg = Qwen3Config(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                      bos_token_id=tok.eos_token_id, **arch)
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(cfg)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".build-"))
     model.save_pretrained(tmp, safe_serialization=True)

@@ -97,3 +97,16 @@ def test_toy_refuses_a_hub_source_it_has_no_local_copy_of(monkeypatch, tmp_path)
     assert params["configs"] == studies.paper_params("main_results")["configs"]
     assert yaml.safe_load(subprocess.run([sys.executable, "-m", "dppo.toy", "params", "scale"], cwd=ROOT, text=True,
                                          capture_output=True, check=True).stdout)["launch"]["num_processes"] == 1
+
+
+def test_toy_model_speaks_qwen3s_chat_format(monkeypatch, tmp_path):
+    """The stand-in's tokenizer wraps a prompt as Qwen3's template does, empty thinking block when enable_thinking is
+    false (what the paper YAMLs' chat_template_kwargs pass)."""
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("DPPO_TOY_ROOT", str(tmp_path))
+    tok = AutoTokenizer.from_pretrained(toy.model_dir("hf:Qwen/Qwen3-4B"))
+    turn = [{"role": "user", "content": "What is 2 + 3?"}]
+    assert tok.apply_chat_template(turn, tokenize=False, add_generation_prompt=True, enable_thinking=False) == \
+        "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert tok.apply_chat_template(turn, tokenize=False, add_generation_prompt=True).endswith("<|im_start|>assistant\n")
