@@ -122,3 +122,17 @@ class StepComposer:
 def prompt_limit(epochs: float, size: int) -> int:
     """Prompts covered in `epochs` passes over `size` prompts."""
     return math.ceil(epochs * size)
+
+
+def exact_count_stretch(candidates: list[bool], rate: float, target: int) -> int | None:
+    """The shortest stretch of the stream (its first n prompts) in which the fixed_count prompt stage keeps exactly
+    `target` prompts: n_other + n_cand - floor(rate n_cand) = target, the count `fixed_count` keeps of n_cand
+    candidates at rate r (docs/method.md §3.1; dppo.trl keeps TRL's batch shapes with it). Adding one prompt to the
+    stretch raises that count by 0 or 1, so the first n that reaches `target` exists whenever the whole stream
+    reaches it; None when it does not. The stretch is decided from the candidates alone, before any mask."""
+    n_cand = n_other = 0
+    for n, cand in enumerate(candidates, start=1):
+        n_cand, n_other = n_cand + cand, n_other + (not cand)
+        if n_other + n_cand - math.floor(rate * n_cand) == target:
+            return n
+    return None

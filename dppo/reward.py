@@ -15,7 +15,9 @@ The same function scores the embedded task and paper-scale MATH/GSM8K. Malformed
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from functools import lru_cache
 
 ANSWER_CHECKS = ("literal", "math")
@@ -40,12 +42,26 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
+class _WithoutTimeoutNotice(logging.Filter):
+    """Drops math-verify's notice that a call runs without its timeout (every call off the main thread, below)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_WithoutTimeoutNotice())
+
+
 @lru_cache(maxsize=65536)
 def _verify(gold: str, pred: str) -> bool:
     from math_verify import parse, verify
 
-    g, p = parse(f"${gold}$"), parse(f"\\boxed{{{pred}}}")
-    return bool(g) and bool(p) and bool(verify(g, p))
+    # math-verify's timeouts are SIGALRM, which only the main thread may set: elsewhere (a trainer in a thread, TRL's
+    # async reward loop) they raise and every answer would score 0, so off the main thread there is no timeout
+    limit = 5 if threading.current_thread() is threading.main_thread() else None
+    g, p = parse(f"${gold}$", parsing_timeout=limit), parse(f"\\boxed{{{pred}}}", parsing_timeout=limit)
+    return bool(g) and bool(p) and bool(verify(g, p, timeout_seconds=limit))
 
 
 def is_number(text: str) -> bool:

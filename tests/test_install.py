@@ -20,6 +20,8 @@ def test_extras_name_no_package_that_cannot_build_from_pip():
     assert not any(r.startswith("flash-attn") or r.startswith("flash_attn") for r in reqs), reqs
     assert any(r.startswith("datasets") and 'extra == "data"' in r for r in reqs)
     assert any(r.startswith("vllm") and 'extra == "gpu"' in r for r in reqs)
+    # dppo.trl subclasses TRL internals: the extra pins the TRL minor it is tested against, and the tests install it
+    assert any(r.startswith("trl==1.16.") and 'extra == "trl"' in r for r in reqs), reqs
 
 
 ENV_TEST = "test_environment_yml_pip_part_resolves_in_a_fresh_virtualenv"

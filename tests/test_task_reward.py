@@ -1,10 +1,11 @@
 """The embedded task and the math-verify reward."""
 
 import random
+import threading
 
 import pytest
 
-from dppo.reward import extract_boxed, math_reward
+from dppo.reward import _verify, extract_boxed, math_reward
 from dppo.task import EVAL_SPLITS, LEVELS, make_eval, make_problem, make_train
 
 
@@ -52,6 +53,19 @@ def test_reward_extraction_and_equivalence():
     assert math_reward("\\boxed{7.0}", "7") == 1.0  # math-verify equivalence, not string match
     assert math_reward("\\boxed{0.5}", "\\frac{1}{2}") == 1.0
     assert math_reward("\\boxed{8}", "7") == 0.0
+
+
+def test_reward_off_the_main_thread_is_the_same(caplog):
+    """A trainer in a thread (bench/trl_dppo.py) or TRL's async reward loop scores as the main thread does: math-verify's
+    SIGALRM timeouts cannot be set there (they raised, and every answer scored 0), so there it runs without them."""
+    cases = [("\\boxed{7}", "7"), ("\\boxed{0.5}", "\\frac{1}{2}"), ("\\boxed{8}", "7"), ("\\boxed{12}", "12")]
+    _verify.cache_clear()  # score in the thread first, not from the main thread's cache
+    out = []
+    worker = threading.Thread(target=lambda: out.extend(math_reward(c, g) for c, g in cases))
+    worker.start()
+    worker.join()
+    assert out == [math_reward(c, g) for c, g in cases] == [1.0, 1.0, 0.0, 1.0]
+    assert not [r for r in caplog.records if "Timeout is disabled" in r.getMessage()]
 
 
 @pytest.mark.parametrize("junk", ["", "\\boxed{", "\\boxed{}", "\\boxed{\\frac{1}{}", "}}}{{{", "\\boxed{x^^2}",

@@ -1,0 +1,143 @@
+"""TRL's GRPOTrainer against dppo.trl.DPPOTrainer (DPPO inside TRL) on identical work, alternating step by step.
+
+    pip install -e .[trl]          # TRL (optional extra; the README's test environment has it)
+    python bench/trl_dppo.py [--seeds 0 1 2] [--epochs 3] [--train-size 640] [--steps 0]
+
+Work, for both: the embedded model and task, math-verify reward, 16 prompts x 8 completions per generation batch,
+<= 64 new tokens, temperature 1, beta 0, loss_type grpo, lr 1e-4 constant after 10 warm-up steps, grad-norm clip 1,
+one optimizer step per generation batch, `num_train_epochs` passes over the same 640 prompts (TRL's GPU defaults bf16
+and gradient checkpointing off, as bench/vs_trl.py). The only difference: DPPOTrainer prunes at
+experiments/cpu/dppo.yaml's rates (prompt_prune_rate 0.5, completion_prune_rate 0.5, bernoulli), so its passes over
+the data take fewer generation batches and its updates fewer rows.
+
+The two trainers train in two threads of one process and take turns, one optimizer step each (a callback passes a
+baton), so a busy machine slows both alike; each step's wall and process CPU time is taken while it holds the baton.
+Printed per seed: steps, time to the end of training (sum of its steps, wall and CPU), TRL / DPPO speed-up, final
+Pass@1 on the embedded eval splits (the same evaluation for both), and the work each phase did (completions generated,
+rows scored by the update; the old-policy and reference passes do not run in this configuration, for either).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from dppo.evaluation import evaluate
+from dppo.model import load_policy
+from dppo.reward import math_reward
+from dppo.rollout import HFRollout
+from dppo.task import make_eval, make_train
+from dppo.trl import DPPOConfig, DPPOTrainer
+
+PROMPTS, G = 16, 8
+COMMON = dict(use_cpu=True, bf16=False, gradient_checkpointing=False, learning_rate=1e-4,
+              lr_scheduler_type="constant_with_warmup", warmup_steps=10, max_grad_norm=1.0, beta=0.0, loss_type="grpo",
+              scale_rewards="group", num_generations=G, per_device_train_batch_size=PROMPTS * G,
+              steps_per_generation=1, num_iterations=1, max_completion_length=64, temperature=1.0, report_to="none",
+              save_strategy="no", logging_steps=10, disable_dropout=True, disable_tqdm=True)
+PRUNING = dict(prompt_prune_rate=0.5, completion_prune_rate=0.5, prune_sampling="bernoulli")
+
+
+class Baton(TrainerCallback):
+    """Two trainers in two threads, one optimizer step at a time each, in turn; times each step while held."""
+
+    def __init__(self, shared: dict, name: str, other: str):
+        self.shared, self.name, self.other = shared, name, other
+
+    def on_step_begin(self, *args, **kwargs):
+        s = self.shared
+        with s["cond"]:
+            s["cond"].wait_for(lambda: s["turn"] == self.name)
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+
+    def on_step_end(self, *args, **kwargs):
+        s = self.shared
+        s["times"][self.name].append((time.perf_counter() - self.t0, time.process_time() - self.c0))
+        with s["cond"]:
+            if self.other not in s["done"]:
+                s["turn"] = self.other
+            s["cond"].notify_all()
+
+    def on_train_end(self, *args, **kwargs):
+        s = self.shared
+        with s["cond"]:
+            s["done"].add(self.name)
+            s["turn"] = self.other
+            s["cond"].notify_all()
+
+
+def reward(prompts, completions, answer, **kwargs):
+    return [math_reward(c, a) for c, a in zip(completions, answer)]
+
+
+def run_pair(seed: int, epochs: float, train, steps: int, out: str) -> dict:
+    data = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in train])
+    shared = {"cond": threading.Condition(), "turn": "TRL GRPO", "done": set(),
+              "times": {"TRL GRPO": [], "DPPO in TRL": []}}
+    trainers = {}
+    for name, other, cls, cfg, extra in (("TRL GRPO", "DPPO in TRL", GRPOTrainer, GRPOConfig, {}),
+                                         ("DPPO in TRL", "TRL GRPO", DPPOTrainer, DPPOConfig, PRUNING)):
+        model, tok = load_policy("embedded")
+        args = cfg(output_dir=f"{out}/{name.split()[0]}", num_train_epochs=epochs, seed=seed,
+                   max_steps=steps if steps else -1, **COMMON, **extra)
+        trainers[name] = cls(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
+                             callbacks=[Baton(shared, name, other)])
+    threads = [threading.Thread(target=t.train) for t in trainers.values()]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    splits = make_eval(64, 0, train)
+    result = {}
+    for name, tr in trainers.items():
+        t = shared["times"][name]
+        acc = evaluate(HFRollout(tr.model.eval(), tr.processing_class), splits, 4, 1.0, 64, seed=17)["avg"]
+        generated = len(t) * PROMPTS * G
+        update_rows = tr.scored_rows["update"] if isinstance(tr, DPPOTrainer) else generated
+        result[name] = dict(steps=len(t), wall=sum(x for x, _ in t), cpu=sum(y for _, y in t), acc=acc,
+                            generated=generated, update_rows=update_rows)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--epochs", type=float, default=3.0)
+    ap.add_argument("--train-size", type=int, default=640)
+    ap.add_argument("--steps", type=int, default=0, help="stop both after this many steps (0: to the end)")
+    args = ap.parse_args()
+    train = make_train(args.train_size, 0)
+    rows = []
+    print(f"{'seed':>4}  {'run':<12}{'steps':>6}{'wall s':>8}{'CPU s':>8}{'TRL/DPPO wall':>15}{'CPU':>7}"
+          f"{'Pass@1 %':>10}{'generated':>11}{'update rows':>13}")
+    for seed in args.seeds:
+        torch.manual_seed(seed)
+        with tempfile.TemporaryDirectory() as d:
+            r = run_pair(seed, args.epochs, train, args.steps, d)
+        trl, dppo = r["TRL GRPO"], r["DPPO in TRL"]
+        rows.append((trl["wall"] / dppo["wall"], trl["cpu"] / dppo["cpu"], trl["acc"], dppo["acc"]))
+        for name, x in r.items():
+            ratio = f"{trl['wall'] / x['wall']:>14.2f}x{trl['cpu'] / x['cpu']:>6.2f}x"
+            print(f"{seed:>4}  {name:<12}{x['steps']:>6}{x['wall']:>8.1f}{x['cpu']:>8.1f}{ratio}{100 * x['acc']:>10.1f}"
+                  f"{x['generated']:>11}{x['update_rows']:>13}", flush=True)
+    if len(rows) > 1:
+        def spread(i):
+            v = [r[i] for r in rows]
+            return f"{statistics.mean(v):.2f} (range {min(v):.2f}-{max(v):.2f})"
+        print(f"speed-up to the end of training, TRL / DPPO: wall {spread(0)}, CPU {spread(1)}")
+        print(f"final Pass@1 %: TRL {100 * statistics.mean(r[2] for r in rows):.1f} "
+              f"(range {100 * min(r[2] for r in rows):.1f}-{100 * max(r[2] for r in rows):.1f}), DPPO "
+              f"{100 * statistics.mean(r[3] for r in rows):.1f} "
+              f"(range {100 * min(r[3] for r in rows):.1f}-{100 * max(r[3] for r in rows):.1f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,534 @@
+"""DPPO inside TRL: `DPPOConfig(GRPOConfig)` and `DPPOTrainer(GRPOTrainer)` (docs/trl.md).
+
+A TRL user changes two imports and nothing else:
+
+    from dppo.trl import DPPOConfig, DPPOTrainer      # was: from trl import GRPOConfig, GRPOTrainer
+
+With both prune rates at 0 (the defaults) every method below hands over to TRL's own: DPPOTrainer is GRPOTrainer.
+With rates > 0 the two stages of docs/method.md §2.3 run where they save work in TRL's step:
+
+* prompt stage, in the sampler, before generation: the next stretch of TRL's prompt order is covered, the
+  shortest one in which the fixed_count rule keeps exactly the generation batch's B prompts
+  (`dppo.composition.exact_count_stretch`), so TRL's shapes (per-device batch, steps_per_generation, repeats)
+  hold; pruned prompts are never generated. A pass over the data takes fewer generation batches.
+* completion stage, in `_generate`, after rewards and before TRL's old-policy and reference log-prob passes: those
+  passes score kept rows only, and the update never sees a pruned row.
+* loss: TRL's own `_compute_loss`, where each kept row's whole per-token loss (surrogate x vLLM IS ratio, + beta KL)
+  is multiplied by c_r = a_r w_r: w_r = 1 / (pi_q pi_o) and a_r the row's factor in TRL's loss of the unpruned
+  batch (`trl_row_coefficients`), fixed before the masks (§2.6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.data import Dataset, Sampler
+from trl import GRPOConfig, GRPOTrainer
+
+from dppo import pruning
+from dppo.composition import exact_count_stretch
+from dppo.config import ConfigError, TrainConfig, _check
+from dppo.history import PromptHistory
+from dppo.losses import ADVANTAGES
+
+# TRL loss_type -> dppo's aggregation (docs/method.md §2.2); pruning supports these four
+LOSS_AGG = {"grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm", "bnpo": "token-mean",
+            "dapo": "token-mean"}
+TRL_ADV_EPS = 1e-4  # TRL's advantage epsilon (hard-coded in GRPOTrainer)
+STATE_FILE = "dppo_state.json"  # in each TRL checkpoint folder
+# inputs whose second axis is the completion (trimmed with it) / the prompt
+COMPLETION_KEYS = ("completion_ids", "completion_mask", "old_per_token_logps", "ref_per_token_logps",
+                   "sampling_per_token_logps", "importance_sampling_ratio", "tool_mask")
+PROMPT_KEYS = ("prompt_ids", "prompt_mask")
+
+
+def _as_train_config(name: str):
+    """The TrainConfig field `name`: the same default and help text."""
+    f = TrainConfig.__dataclass_fields__[name]
+    return field(default=f.default, metadata=dict(f.metadata))
+
+
+@dataclass
+class DPPOConfig(GRPOConfig):
+    """GRPOConfig plus DPPO's pruning fields (the names, defaults and help of dppo's TrainConfig)."""
+    prompt_prune_rate: float = _as_train_config("prompt_prune_rate")
+    completion_prune_rate: float = _as_train_config("completion_prune_rate")
+    prune_sampling: str = _as_train_config("prune_sampling")
+    loss_normaliser: str = _as_train_config("loss_normaliser")
+    prompt_candidate_rule: str = _as_train_config("prompt_candidate_rule")
+    abs_adv_threshold: float = _as_train_config("abs_adv_threshold")
+    inclusion: str = _as_train_config("inclusion")
+    inclusion_floor: float = _as_train_config("inclusion_floor")
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("prompt_prune_rate", "completion_prune_rate"):
+            _check(0 <= float(getattr(self, name)) < 1, name, "a number in [0, 1)", getattr(self, name))
+        for name in ("prune_sampling", "loss_normaliser", "prompt_candidate_rule", "inclusion"):
+            choices = DPPOConfig.__dataclass_fields__[name].metadata["choices"]
+            _check(getattr(self, name) in choices, name, f"one of {list(choices)}", getattr(self, name))
+        _check(0 < self.inclusion_floor <= 1, "inclusion_floor", "a number in (0, 1]", self.inclusion_floor)
+        _check(self.inclusion == "uniform" or self.prune_sampling == "bernoulli", "prune_sampling",
+               "bernoulli with inclusion proportional (Poisson sampling: each item independently)", self.prune_sampling)
+        if self.pruning:
+            _check(self.loss_type in LOSS_AGG, "loss_type", f"one of {list(LOSS_AGG)} when pruning", self.loss_type)
+        if self.prompt_prune_rate > 0:
+            _check(self.loss_type != "bnpo", "loss_type", "grpo, dr_grpo or dapo with prompt_prune_rate > 0 (bnpo "
+                   "divides by each micro-batch's tokens, unknown before the prompt masks; dapo is its batch-wide "
+                   "token mean)", self.loss_type)
+            _check(self.inclusion == "uniform", "inclusion", "uniform with prompt_prune_rate > 0 in TRL (the prompt "
+                   "stage keeps an exact count, docs/trl.md)", self.inclusion)
+
+    @property
+    def pruning(self) -> bool:
+        return self.prompt_prune_rate > 0 or self.completion_prune_rate > 0
+
+
+def trl_row_coefficients(loss_type: str, row_tokens: torch.Tensor, grad_accum: int, n_processes: int,
+                         steps_per_generation: int, max_completion_length: int, num_items: float) -> torch.Tensor:
+    """a_r [n] float64: TRL's loss of one micro-batch of n rows is sum_r a_r sum_t l_{r,t} m_{r,t}
+    (row_tokens [n] = sum_t m_{r,t}, the loss mask; GA = grad_accum; P processes, whose gradients DDP averages):
+
+        grpo     a_r = 1 / (n max(|o_r|, 1) GA)          bnpo  a_r = 1 / (max(sum_r |o_r|, 1) GA)
+        dr_grpo  a_r = 1 / (n L_max GA)                   dapo  a_r = P spg / (max(N, 1) GA)
+
+    with N the generation batch's loss tokens over all processes (TRL's num_items_in_batch) and spg
+    steps_per_generation. Computed on the unpruned micro-batch, so fixed before the completion masks."""
+    n, tok = row_tokens.numel(), row_tokens.to(torch.float64)
+    if loss_type == "grpo":
+        return 1.0 / (n * tok.clamp(min=1.0) * grad_accum)
+    if loss_type == "bnpo":
+        return torch.full((n,), 1.0 / (max(float(tok.sum()), 1.0) * grad_accum), dtype=torch.float64)
+    if loss_type == "dr_grpo":
+        return torch.full((n,), 1.0 / (n * max_completion_length * grad_accum), dtype=torch.float64)
+    if loss_type == "dapo":
+        return torch.full((n,), n_processes * steps_per_generation / (max(num_items, 1.0) * grad_accum),
+                          dtype=torch.float64)
+    raise ValueError(f"loss_type must be one of {list(LOSS_AGG)} when pruning, got {loss_type!r}")
+
+
+def mask_generator(seed: int, batch_no: int, stage: int) -> torch.Generator:
+    """The masks of generation batch `batch_no` (stage 0: prompts, 1: completions): seeded by the batch alone, so
+    every process and a resumed run draw the same masks."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + batch_no) * 2 + stage)
+
+
+# ------------------------------------------------------------------ prompt stage: the sampler
+@dataclass
+class Composition:
+    """One generation batch's prompt stage: the covered stretch [start, end) of pass `pass_no`'s order."""
+    batch_no: int
+    pass_no: int
+    start: int
+    end: int
+    covered: list[int]  # [S] dataset indices
+    keep: torch.Tensor  # [S] bool, exactly B True
+    pi: torch.Tensor  # [S] float64
+    est_lengths: torch.Tensor  # [S] float64: mean completion length at the last visit (Z of token-mean)
+
+    @property
+    def rolled(self) -> list[int]:
+        return [k for k, kept in zip(self.covered, self.keep.tolist()) if kept]
+
+
+class PruningSampler(Sampler):
+    """TRL's RepeatSampler with DPPO's prompt stage. The prompt order is RepeatSampler's (one torch.randperm per
+    pass from a generator seeded with `seed`, or the dataset order without shuffle), so with no candidate it yields
+    exactly TRL's batches; with candidates each batch covers the shortest stretch of that order in which the
+    fixed_count rule keeps exactly `batch_prompts` prompts, draws the mask and yields the kept prompts, each
+    `group_size` times, the whole batch `repeat_count` times (TRL's reuse across steps_per_generation x
+    num_iterations). Items are (dataset index, batch number) keys for `IndexedDataset`. A pass ends when its rest
+    cannot fill a batch (TRL drops the incomplete last batch likewise); iteration stops after `max_passes` passes.
+
+    `position` is where the next batch starts; the trainer checkpoints the position of what it has trained on
+    (the dataloader fetches ahead) and sets it back on resume."""
+
+    def __init__(self, size: int, batch_prompts: int, group_size: int, repeat_count: int, shuffle: bool, seed: int,
+                 candidates, est_lengths, prompt_rate: float, max_passes: float):
+        self.size, self.batch_prompts, self.group_size, self.repeat_count = size, batch_prompts, group_size, repeat_count
+        self.shuffle, self.seed, self.prompt_rate, self.max_passes = shuffle, seed, prompt_rate, max_passes
+        self.candidates, self.est_lengths = candidates, est_lengths  # keys -> [n] bool / [n] float64 (history)
+        self.pass_no, self.position, self.batch_no = 0, 0, 0
+        self.compositions: dict[int, Composition] = {}
+        self._order: tuple[int, list[int]] | None = None
+
+    def order(self, pass_no: int) -> list[int]:
+        if self._order is None or self._order[0] != pass_no:
+            if self.shuffle:
+                gen = torch.Generator().manual_seed(self.seed)
+                for _ in range(pass_no + 1):  # RepeatSampler draws one permutation per pass from one generator
+                    perm = torch.randperm(self.size, generator=gen).tolist()
+            else:
+                perm = list(range(self.size))
+            self._order = (pass_no, perm)
+        return self._order[1]
+
+    def compose(self) -> Composition | None:
+        """The next batch of the current pass, or None when the pass cannot fill one."""
+        order, start = self.order(self.pass_no), self.position
+        flags: list[bool] = []
+        n = None
+        while n is None and start + len(flags) < self.size:  # read the stream in chunks of 4 B
+            chunk = order[start + len(flags): start + len(flags) + 4 * self.batch_prompts]
+            flags += self.candidates(chunk).tolist() if self.prompt_rate > 0 else [False] * len(chunk)
+            n = exact_count_stretch(flags, self.prompt_rate, self.batch_prompts)
+        if n is None:
+            return None
+        covered = order[start:start + n]
+        cand = torch.tensor(flags[:n], dtype=torch.bool)
+        keep, pi = pruning.draw_keep_mask(cand, self.prompt_rate, "fixed_count",
+                                          mask_generator(self.seed, self.batch_no, 0))
+        comp = Composition(self.batch_no, self.pass_no, start, start + n, covered, keep, pi,
+                           torch.as_tensor(self.est_lengths(covered), dtype=torch.float64))
+        self.position, self.batch_no = start + n, self.batch_no + 1
+        return comp
+
+    def __iter__(self):
+        yielded = False
+        while self.pass_no < self.max_passes:
+            comp = self.compose()
+            if comp is None:  # this pass is done; an iteration that has yielded nothing goes on to the next one
+                self.pass_no, self.position = self.pass_no + 1, 0
+                if yielded:
+                    return
+                continue
+            self.compositions[comp.batch_no] = comp
+            yielded = True
+            for _ in range(self.repeat_count):
+                for key in comp.rolled:
+                    for _ in range(self.group_size):
+                        yield key, comp.batch_no
+
+    def __len__(self) -> int:  # TRL's planned length (a pass with pruning yields fewer batches)
+        return (self.size // self.batch_prompts) * self.batch_prompts * self.group_size * self.repeat_count
+
+    def take(self, batch_no: int) -> Composition:
+        """The composition of batch `batch_no` (compositions of earlier batches, fetched but never trained, go)."""
+        for b in [b for b in self.compositions if b < batch_no]:
+            del self.compositions[b]
+        return self.compositions.pop(batch_no)
+
+
+class IndexedDataset(Dataset):
+    """The train dataset read by (index, batch number) keys: each row gains `dppo_index` and `dppo_batch`."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, key):
+        index, batch_no = key
+        return {**self.data[index], "dppo_index": index, "dppo_batch": batch_no}
+
+
+# ------------------------------------------------------------------ the trainer
+@dataclass
+class _Generation:
+    """What one generation batch's stages decide, kept between TRL's calls."""
+    inputs: list
+    comp: Composition
+    rewards_per_func: torch.Tensor | None = None  # [R, F] gathered, computed before the log-prob passes
+    rewards: torch.Tensor | None = None  # [B, G]
+    lengths: torch.Tensor | None = None  # [B, G] loss tokens per completion
+    completion: pruning.Selection | None = None  # [B, G]
+    local_keep: torch.Tensor | None = None  # [n_local] bool, this process's rows
+
+
+class DPPOTrainer(GRPOTrainer):
+    """GRPOTrainer with DPPO's prompt and completion pruning (module docstring; docs/trl.md).
+
+    `pruning_log` holds one entry per generation batch (covered prompts, masks, inclusion probabilities);
+    `scored_rows` and `scored_positions` count the kept rows and their token positions each pass scored
+    ("old_policy", "reference", "update"; rows that only pad a process to the others' count are not counted)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.args, DPPOConfig):
+            raise ConfigError(f"DPPOTrainer needs args=DPPOConfig(...) (from dppo.trl import DPPOConfig), got "
+                              f"{type(self.args).__name__}")
+        self.pruning = self.args.pruning
+        if self.pruning and not hasattr(self.train_dataset, "__len__"):
+            raise ConfigError("DPPOTrainer: train_dataset must be a map-style dataset (a datasets.Dataset, not an "
+                              "IterableDataset) when pruning: the prompt stage keys its history by the dataset index")
+        a = self.args
+        self.pruner = pruning.DPPO(prompt_rate=a.prompt_prune_rate, completion_rate=a.completion_prune_rate,
+                                   sampling=a.prune_sampling, prompt_rule=a.prompt_candidate_rule,
+                                   abs_adv_threshold=a.abs_adv_threshold, inclusion=a.inclusion,
+                                   inclusion_floor=a.inclusion_floor, kl_coef=self.beta,
+                                   loss_agg=LOSS_AGG.get(self.loss_type, "token-mean"))
+        self.prompt_history = PromptHistory()
+        self.pruning_log: list[dict] = []
+        self.scored_rows: dict[str, int] = defaultdict(int)
+        self.scored_positions: dict[str, int] = defaultdict(int)
+        self._sampler: PruningSampler | None = None
+        self._generation: _Generation | None = None
+        self._trained = (0, 0, 0)  # (pass, position, batch number) where the next untrained batch starts
+        self._generation_start = (0, 0, 0)  # ... and where the last generated batch started
+
+    # ---- data: the prompt stage lives in the sampler
+    def _set_signature_columns_if_needed(self):
+        super()._set_signature_columns_if_needed()
+        if self.pruning:
+            self._signature_columns = [*self._signature_columns, "dppo_index", "dppo_batch"]
+
+    def get_train_dataloader(self):
+        if not self.pruning:
+            return super().get_train_dataloader()
+        return self._get_dataloader(dataset=IndexedDataset(self.train_dataset), description="Training",
+                                    batch_size=self._train_batch_size * self.args.steps_per_generation,
+                                    sampler_fn=self._get_train_sampler, is_training=True)
+
+    def _get_train_sampler(self, dataset=None):
+        if not self.pruning:
+            return super()._get_train_sampler(dataset)
+        a = self.args
+        passes = math.inf if a.max_steps > 0 else math.ceil(a.num_train_epochs)
+        self._sampler = PruningSampler(
+            len(self.train_dataset), a.generation_batch_size // self.num_generations, self.num_generations,
+            self.num_iterations * a.steps_per_generation, self.shuffle_dataset, a.seed,
+            candidates=lambda keys: self.pruner.prompt_candidates(keys, self.prompt_history),
+            est_lengths=lambda keys: self.prompt_history.estimated_lengths(keys, float(a.max_completion_length)),
+            prompt_rate=a.prompt_prune_rate, max_passes=passes)
+        self._sampler.pass_no, self._sampler.position, self._sampler.batch_no = self._trained
+        return self._sampler
+
+    def train(self, *args, **kwargs):
+        if self.pruning:  # the sampler restores its own position from the checkpoint (dppo_state.json): transformers
+            self.args.ignore_data_skip = True  # must not skip batches counted by TRL's unpruned pass length
+        return super().train(*args, **kwargs)
+
+    # ---- completion stage: rewards before the log-prob passes
+    def _generate_and_score_completions(self, inputs):
+        if not (self.pruning and self.model.training):
+            return super()._generate_and_score_completions(inputs)
+        batch_nos = {x["dppo_batch"] for x in inputs}
+        if len(batch_nos) != 1:
+            raise RuntimeError(f"DPPOTrainer: a generation batch mixes sampler batches {sorted(batch_nos)}")
+        self._generation = _Generation(inputs, self._sampler.take(batch_nos.pop()))
+        try:
+            output = super()._generate_and_score_completions(inputs)
+            return self._attach_weights(output, self._generation)
+        finally:
+            self._generation = None
+
+    def _generate(self, prompts):
+        result = super()._generate(prompts)
+        gen = self._generation
+        if gen is None or not self.model.training:
+            return result
+        _, completion_ids, tool_mask, completions, _, extra_fields, _, _ = result
+        for i, row in enumerate(gen.inputs):  # as GRPOTrainer merges rollout_func's extra fields before rewards
+            for key, values in extra_fields.items():
+                row[key] = values[i] if isinstance(values, list) and i < len(values) else values
+        gen.rewards_per_func = super()._calculate_rewards(gen.inputs, prompts, completions, completion_ids)
+        G = self.num_generations
+        weights = self.reward_weights.to(gen.rewards_per_func.device)
+        gen.rewards = (gen.rewards_per_func * weights[None]).nansum(dim=1).double().cpu().view(-1, G)
+        gen.lengths = self.accelerator.gather(self._loss_tokens(completion_ids, tool_mask)).cpu().view(-1, G)
+        adv = ADVANTAGES[self.scale_rewards](gen.rewards, TRL_ADV_EPS)  # full groups, before any pruning
+        gen.completion = self.pruner.select_completions(gen.rewards, adv, mask_generator(self.args.seed,
+                                                        gen.comp.batch_no, 1), gen.lengths)
+        n = len(prompts)
+        start = self.accelerator.process_index * n
+        gen.local_keep = gen.completion.keep.reshape(-1)[start:start + n].to(self.accelerator.device)
+        return result
+
+    def _loss_tokens(self, completion_ids: list, tool_mask: list | None) -> torch.Tensor:
+        """[n] loss tokens of each local completion, as TRL's loss mask counts them (tool tokens and, with
+        mask_truncated_completions, truncated completions excluded)."""
+        counts = [sum(m) for m in tool_mask] if tool_mask is not None else [len(ids) for ids in completion_ids]
+        if self.mask_truncated_completions:
+            ends = [*self.eos_token_ids, self._tokenizer.pad_token_id]
+            counts = [c if ids and ids[-1] in ends else 0 for c, ids in zip(counts, completion_ids)]
+        return torch.tensor(counts, dtype=torch.long, device=self.accelerator.device)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        gen = self._generation
+        if gen is not None and gen.rewards_per_func is not None:  # already computed in _generate
+            return gen.rewards_per_func
+        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **kwargs):
+        """No-grad passes of a pruned generation batch (old policy, reference) score the kept rows only; pruned rows
+        get NaN (never read: the loss drops them, and TRL's vLLM IS ratio maps NaN to 1)."""
+        gen = self._generation
+        phase = "reference" if model is self.ref_model else "old_policy"
+        if gen is None or gen.local_keep is None or torch.is_grad_enabled() or \
+                any(v is not None for v in kwargs.values()) or input_ids.size(0) != gen.local_keep.numel():
+            if gen is not None:
+                self.scored_rows[phase] += input_ids.size(0)
+                self.scored_positions[phase] += input_ids.numel()
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                              batch_size, compute_entropy, compute_aux_loss, **kwargs)
+        rows = self._rows_in_step(gen.local_keep)
+        ids, mask = input_ids[rows], attention_mask[rows]
+        left, width = _trim(mask, input_ids.size(1) - logits_to_keep)
+        kept = int(gen.local_keep.sum())
+        self.scored_rows[phase] += kept
+        self.scored_positions[phase] += kept * (input_ids.size(1) - left - (logits_to_keep - width))
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+            model, ids[:, left:ids.size(1) - logits_to_keep + width], mask[:, left:mask.size(1) - logits_to_keep + width],
+            width, batch_size, compute_entropy, compute_aux_loss)
+        full = logps.new_zeros(input_ids.size(0), logits_to_keep)
+        full[rows, :width] = logps
+        full[~gen.local_keep] = float("nan")
+        if entropies is not None:
+            ent = entropies.new_zeros(input_ids.size(0), logits_to_keep)
+            ent[rows, :width] = entropies
+            entropies = ent
+        return full, entropies, aux
+
+    # ---- weights, normaliser and history
+    def _attach_weights(self, output: dict, gen: _Generation) -> dict:
+        comp, sel, G = gen.comp, gen.completion, self.num_generations
+        B = len(comp.rolled)
+        device = output["advantages"].device
+        weight = pruning.importance_weights(comp.pi[comp.keep], sel.pi) * sel.keep  # [B, G], 0 where pruned
+        n = output["advantages"].numel()
+        start = self.accelerator.process_index * n
+        output["dppo_weight"] = weight.reshape(-1)[start:start + n].to(device)
+        agg = LOSS_AGG[self.loss_type]
+        z = pruning.unbiased_normaliser(agg, comp.pi, comp.keep, gen.lengths.double(), comp.est_lengths,
+                                        self.args.loss_normaliser, prompts_per_step=B)
+        # seq-mean: TRL divides by the rolled rows B G, dppo by Z (|S| G, or B G when fixed); token-mean: Z tokens
+        output["dppo_seq_scale"] = torch.tensor(B * G / z if agg != "token-mean" else 1.0, dtype=torch.float64,
+                                                device=device)
+        output["dppo_num_items"] = torch.tensor(z if agg == "token-mean" else 0.0, dtype=torch.float64, device=device)
+        # history: every rolled-out group, in the sampler's order (checked against the rows' own indices)
+        indices = self.accelerator.gather(torch.tensor([x["dppo_index"] for x in gen.inputs], device=device))
+        if indices.view(-1, G)[:, 0].tolist() != comp.rolled:
+            raise RuntimeError("DPPOTrainer: the generation batch's groups are not the sampler's prompts in order")
+        adv = self.accelerator.gather(output["advantages"]).double().cpu().view(-1, G)
+        rewards = torch.nan_to_num(gen.rewards)
+        for j, key in enumerate(comp.rolled):
+            self.prompt_history.update(key, rewards[j].tolist(), adv[j].abs().tolist(), gen.lengths[j].tolist(),
+                                       step=comp.batch_no)
+        if self.beta != 0.0 and self._metrics["train"].get("kl"):
+            self.pruner.after_step(rewards, 0, {"kl": self._metrics["train"]["kl"][-1]})
+        self._trained = (comp.pass_no, comp.end, comp.batch_no + 1)
+        self._generation_start = (comp.pass_no, comp.start, comp.batch_no)
+        kept_rows = int(sel.keep.sum())
+        metrics = self._metrics["train"]
+        metrics["dppo/prompts_covered"].append(len(comp.covered))
+        metrics["dppo/prompts_pruned"].append(len(comp.covered) - B)
+        metrics["dppo/completions_kept_frac"].append(kept_rows / sel.keep.numel())
+        metrics["dppo/weight_max"].append(float(weight.max()))
+        self.pruning_log.append({"batch": comp.batch_no, "pass": comp.pass_no, "covered": comp.covered,
+                                 "prompt_keep": comp.keep.tolist(), "prompt_pi": comp.pi.tolist(),
+                                 "completion_keep": sel.keep.tolist(), "completion_pi": sel.pi.tolist(),
+                                 "normaliser": z})
+        return output
+
+    # ---- the update: TRL's loss with each kept row's per-token loss weighted
+    def _compute_loss(self, model, inputs):
+        if "dppo_weight" not in inputs:
+            return super()._compute_loss(model, inputs)
+        inputs = dict(inputs)
+        weight = inputs.pop("dppo_weight")
+        seq_scale, num_items = float(inputs.pop("dppo_seq_scale")), float(inputs.pop("dppo_num_items"))
+        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        tokens = mask.sum(-1)
+        GA, P, spg = self.current_gradient_accumulation_steps, self.accelerator.num_processes, self.args.steps_per_generation
+        coef = trl_row_coefficients(self.loss_type, tokens.cpu(), GA, P, spg, self.max_completion_length, num_items)
+        coef = coef.to(weight.device) * weight.double() * seq_scale  # c_r = a_r w_r, 0 for pruned rows
+        rows = self._rows_in_step(weight > 0)
+        sub = _select_rows(inputs, rows, weight.numel())
+        for k in ("old_per_token_logps", "ref_per_token_logps"):  # padding rows were never scored (NaN): zeros
+            if sub.get(k) is not None:  # keep their zero-weight loss finite
+                sub[k] = torch.nan_to_num(sub[k], nan=0.0)
+        c, tok = coef[rows], tokens[rows].double()
+        live = (c > 0) & (tok > 0)
+        # TRL's dapo branch: loss = sum_{r,t} l m / (num_items / P * GA / spg). Carry c_r in the mask, scaled by s so
+        # that every live row's mask sums to >= 1 (GSPO's sequence ratio clamps that sum at 1), and set num_items so
+        # that the divisor is s.
+        s = max(1.0 / float((c[live] * tok[live]).min()) if bool(live.any()) else 1.0, GA / (P * spg))
+        dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
+        base = sub["tool_mask"] if "tool_mask" in sub else torch.ones_like(sub["completion_mask"])
+        sub["tool_mask"] = base.to(dtype) * (c * s).to(dtype)[:, None]
+        sub["num_items_in_batch"] = torch.tensor(s * P * spg / GA, dtype=dtype, device=weight.device)
+        kept = int((weight > 0).sum())
+        self.scored_rows["update"] += kept
+        self.scored_positions["update"] += kept * (sub["prompt_ids"].size(1) + sub["completion_ids"].size(1))
+        with self._aggregated_as("dapo"):
+            return super()._compute_loss(model, sub)
+
+    def _rows_in_step(self, keep: torch.Tensor) -> torch.Tensor:
+        """The kept rows of this process's batch, padded with pruned (zero-weight) rows to the largest kept count of
+        any process (at least 1): every process then runs the same forward calls (FSDP, DeepSpeed) and hands TRL's
+        loss the same row count (its metrics gather per-row tensors across processes)."""
+        rows = keep.nonzero().flatten()
+        target = torch.tensor([max(rows.numel(), 1)], device=keep.device)
+        if self.accelerator.num_processes > 1:
+            torch.distributed.all_reduce(target, op=torch.distributed.ReduceOp.MAX)
+        return torch.cat([rows, (~keep).nonzero().flatten()[:int(target) - rows.numel()]])
+
+    @contextlib.contextmanager
+    def _aggregated_as(self, loss_type: str):
+        """grpo, bnpo, dr_grpo and dapo share TRL's per-token loss and differ only in how it is aggregated; the
+        weighted rows are aggregated by the dapo branch (a sum over a given divisor)."""
+        own, self.loss_type = self.loss_type, loss_type
+        try:
+            yield
+        finally:
+            self.loss_type = own
+
+    # ---- checkpoints: the history and the sampler's position travel with TRL's
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if not (self.pruning and self.args.should_save):
+            return
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        done = self._step % generate_every == 0  # the last generation batch fully trained on
+        position = self._trained if done else self._generation_start
+        with open(os.path.join(folder, STATE_FILE), "w") as f:
+            json.dump({"history": self.prompt_history.state_dict(), "pruner": self.pruner.state_dict(),
+                       "position": list(position)}, f)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        path = os.path.join(checkpoint, STATE_FILE) if checkpoint else None
+        if not (self.pruning and path and os.path.exists(path)):
+            return
+        with open(path) as f:
+            state = json.load(f)
+        self.prompt_history.load_state_dict(state["history"])
+        self.pruner.load_state_dict(state["pruner"])
+        self._trained = tuple(state["position"])
+        if self._sampler is not None:
+            self._sampler.pass_no, self._sampler.position, self._sampler.batch_no = self._trained
+
+
+def _trim(mask: torch.Tensor, prompt_width: int) -> tuple[int, int]:
+    """(left, width) of the kept rows' [prompt | completion] attention mask: `left` leading columns are padding in
+    every row (left-padded prompts) and completions end by column `width` (right-padded)."""
+    prompt_any = mask[:, :prompt_width].any(0).nonzero()
+    left = int(prompt_any[0]) if prompt_any.numel() else 0
+    comp_any = mask[:, prompt_width:].any(0).nonzero()
+    width = int(comp_any[-1]) + 1 if comp_any.numel() else 1
+    return left, width
+
+
+def _select_rows(inputs: dict, rows: torch.Tensor, n: int) -> dict:
+    """The micro-batch restricted to `rows`, with the columns no kept row uses trimmed."""
+    out = {k: (v[rows] if isinstance(v, torch.Tensor) and v.ndim >= 1 and v.size(0) == n else v)
+           for k, v in inputs.items()}
+    width_p, width_c = out["prompt_ids"].size(1), out["completion_ids"].size(1)
+    left, width = _trim(torch.cat([out["prompt_mask"], out["completion_mask"]], 1), width_p)
+    for k in PROMPT_KEYS:
+        out[k] = out[k][:, left:]
+    for k in COMPLETION_KEYS:
+        v = out.get(k)
+        if isinstance(v, torch.Tensor) and v.ndim == 2 and v.size(1) == width_c:
+            out[k] = v[:, :width]
+    return out

@@ -1,0 +1,264 @@
+"""DPPO inside TRL (dppo.trl, docs/trl.md), tested against the real TRL GRPOTrainer.
+
+The exactness tests enumerate every outcome of every mask a generation batch draws (tests/masks.py patches the
+library's draws) through DPPOTrainer's real generation-batch pipeline, loss and backward, in float64, and compare
+the expectation of the gradient with GRPOTrainer's gradient of the full covered batch. Only the generation backend
+is fixed (each prompt's completions are given, so both trainers see the same rollouts); rewards, advantages, the
+reference pass and the loss are TRL's own."""
+
+import copy
+import os
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl.trainer.utils import split_tensor_dict  # noqa: E402
+
+from dppo import pruning  # noqa: E402
+from dppo.config import ConfigError  # noqa: E402
+from dppo.history import PromptRecord  # noqa: E402
+from dppo.model import load_policy  # noqa: E402
+from dppo.trl import DPPOConfig, DPPOTrainer  # noqa: E402
+from tests.masks import enumerate_draws  # noqa: E402
+
+# TRL 1.16 scores log-probs with a float32 kernel (trl/kernels/chunked_logprob.py: fp32 logsumexp statistics, fp32
+# gradient GEMMs) even for a float64 model, so a gradient through TRL's loss agrees with another batch shape's only to
+# float32 rounding: the bound on max |E[g] - g_TRL| / max |g_TRL| (measured: <= 4e-7 over this file's cases). A
+# wrong weight or normaliser is off by 1e-2 or more (the last assertion of the test, and docs/trl.md).
+FLOAT32_KERNEL = 2e-6
+G = 3  # completions per prompt
+SPG = GA = 2  # steps_per_generation = gradient_accumulation_steps: one optimizer step per generation batch
+# each prompt's G completions (token ids) and rewards: groups with 2 completion candidates (|A| below the group's
+# mean |A|) and one zero-variance group (all 3 candidates)
+COMPLETIONS = {0: ([[11, 12, 13, 2], [14, 15, 2], [16, 17, 18, 19, 20]], [1.0, 0.0, 0.0]),
+               1: ([[21, 22, 2], [23, 2], [24, 25, 26, 27]], [0.0, 0.0, 0.0]),
+               2: ([[31, 32, 33], [34, 35, 36, 37, 2], [38, 2]], [1.0, 1.0, 0.0]),
+               3: ([[41, 42, 43, 44], [45, 2], [46, 47, 48]], [0.0, 1.0, 0.0])}
+REWARDS = {tuple(c): r for comps, rs in COMPLETIONS.values() for c, r in zip(comps, rs)}
+
+
+def table_reward(prompts, completions, completion_ids, **kwargs):
+    return [REWARDS[tuple(ids)] for ids in completion_ids]
+
+
+def fixed_generation(trainer, tokenizer, prompts):
+    """Replace the generation backend (only it) by the table above: row k of a group gets completion k."""
+    by_prompt = {tuple(tokenizer(p)["input_ids"]): key for key, p in enumerate(prompts)}
+
+    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        seen, out = {}, []
+        for ids in prompt_ids:
+            key = by_prompt[tuple(ids)]
+            out.append(list(COMPLETIONS[key][0][seen.get(key, 0)]))
+            seen[key] = seen.get(key, 0) + 1
+        return out, None
+    trainer._generate_single_turn = generate
+
+
+def make_trainer(cls, cfg_cls, model, tok, data, tmp, rows_per_device, **kw):
+    args = cfg_cls(output_dir=str(tmp), use_cpu=True, bf16=False, num_generations=G, report_to="none",
+                   per_device_train_batch_size=rows_per_device, steps_per_generation=SPG,
+                   gradient_accumulation_steps=GA, max_completion_length=8, save_strategy="no", seed=0, **kw)
+    trainer = cls(model=model, reward_funcs=table_reward, args=args, train_dataset=data, processing_class=tok)
+    if trainer.ref_model is not None:
+        trainer.ref_model.double()
+    fixed_generation(trainer, tok, list(data["prompt"]))
+    trainer.model.train()
+    return trainer
+
+
+def batch_gradient(trainer, output) -> torch.Tensor:
+    """Sum of the gradients of the generation batch's micro-batches, in order, as one optimizer step sees them."""
+    trainer.model.zero_grad()
+    trainer.current_gradient_accumulation_steps = GA
+    for mb in split_tensor_dict(output, SPG):
+        trainer._compute_loss(trainer.model, mb).backward()
+    return torch.cat([p.grad.reshape(-1) for p in trainer.model.parameters() if p.grad is not None]).clone()
+
+
+@pytest.fixture(scope="module")
+def policy64():
+    model, tok = load_policy("embedded")
+    return model.double(), tok
+
+
+PROMPTS = ["What is 2 + 3?", "What is 7 - 4?", "What is 6 * 2?", "What is 9 / 3?"]
+
+
+def rows(keys, batch_no=None):
+    out = [{"prompt": PROMPTS[k], **({"dppo_index": k, "dppo_batch": batch_no} if batch_no is not None else {})}
+           for k in keys for _ in range(G)]
+    return out
+
+
+@pytest.mark.parametrize("loss_type,beta,sampling,prompt_rate", [
+    ("grpo", 0.0, "bernoulli", 0.0), ("grpo", 0.1, "fixed_count", 0.0), ("grpo", 0.1, "bernoulli", 0.7),
+    ("dr_grpo", 0.0, "fixed_count", 0.7), ("dr_grpo", 0.1, "bernoulli", 0.0),
+    ("bnpo", 0.0, "fixed_count", 0.0), ("bnpo", 0.1, "bernoulli", 0.0),
+    ("dapo", 0.0, "bernoulli", 0.7), ("dapo", 0.1, "fixed_count", 0.7), ("dapo", 0.1, "bernoulli", 0.0),
+])
+def test_expected_gradient_is_trls_full_batch_gradient(policy64, tmp_path, loss_type, beta, sampling, prompt_rate):
+    """E over every prompt and completion mask of DPPOTrainer's gradient (its sampler's prompt stage, its
+    generation-batch pipeline, TRL's loss with the weights, backward) = GRPOTrainer's gradient of the full covered
+    batch, in float64 (to TRL's float32 log-prob kernel). With prompt pruning at r_q = 0.7 the 4 prompts are
+    candidates (zero variance at the last visit, mean lengths as recorded): fixed_count keeps exactly 2 of 4, so the
+    batch covers all 4 and generates 2 (6 outcomes); without, 2 prompts are covered and generated."""
+    model, tok = policy64
+    covered = [0, 1, 2, 3] if prompt_rate else [0, 1]
+    data = Dataset.from_list([{"prompt": p} for p in PROMPTS[:len(covered)]])
+    common = dict(loss_type=loss_type, beta=beta)
+    full = make_trainer(GRPOTrainer, GRPOConfig, copy.deepcopy(model), tok, data, tmp_path / "grpo",
+                        len(covered) * G // SPG, **common)
+    target = batch_gradient(full, full._generate_and_score_completions(rows(covered)))
+
+    dppo = make_trainer(DPPOTrainer, DPPOConfig, copy.deepcopy(model), tok, data, tmp_path / "dppo", G, **common,
+                        prompt_prune_rate=prompt_rate, completion_prune_rate=0.5, prune_sampling=sampling)
+    sampler = dppo._get_train_sampler()
+    sampler.max_passes = 1
+    for key in covered if prompt_rate else []:  # seen before, zero variance, the lengths these completions have
+        mean_len = sum(len(c) for c in COMPLETIONS[key][0]) / G
+        dppo.prompt_history.records[key] = PromptRecord(visits=1, zero_variance=True, mean_length=mean_len)
+    history = copy.deepcopy(dppo.prompt_history.records)
+
+    def one_draw():
+        dppo.prompt_history.records = copy.deepcopy(history)
+        sampler.position = sampler.batch_no = 0
+        comp = sampler.compose()
+        assert sorted(comp.covered) == covered and len(comp.rolled) == 2
+        sampler.compositions[comp.batch_no] = comp
+        return batch_gradient(dppo, dppo._generate_and_score_completions(rows(comp.rolled, comp.batch_no)))
+
+    draws = enumerate_draws(one_draw)
+    assert len(draws) > (6 if prompt_rate else 3)  # masks were enumerated at the stages under test
+    expected = sum(p * g for p, g in draws)
+    scale = float(target.abs().max())
+    error = float((expected - target).abs().max()) / scale
+    print(f"max |E[g] - g_TRL| / max |g_TRL| = {error:.2e}")
+    assert error <= FLOAT32_KERNEL, error
+    # the enumeration can tell: one mask outcome alone is not the full-batch gradient
+    assert float((draws[0][1] - target).abs().max()) / scale > 1e-3
+
+
+# ------------------------------------------------------------------ real runs (sampled generation)
+def run_config(tmp, **kw):
+    base = dict(output_dir=str(tmp), use_cpu=True, bf16=False, num_generations=4, per_device_train_batch_size=16,
+                steps_per_generation=1, max_completion_length=12, num_train_epochs=3, report_to="none",
+                save_strategy="no", seed=0, disable_tqdm=True, learning_rate=1e-4)
+    return {**base, **kw}
+
+
+def zero_reward(completions, **kwargs):  # every group zero-variance: every prompt a candidate after its first visit
+    return [0.0] * len(completions)
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(c) % 3 == 0) for c in completions]
+
+
+def prompts_data(n):
+    from dppo.task import make_train
+    return Dataset.from_list([{"prompt": p.prompt} for p in make_train(n, 0)])
+
+
+def test_rates_zero_is_grpo_trainer(tmp_path):
+    """Two imports changed, nothing else: with the default DPPOConfig the run is GRPOTrainer's, parameter for
+    parameter (same batches, same loss, same sampling)."""
+    data, finals = prompts_data(8), []
+    for cls, cfg in ((GRPOTrainer, GRPOConfig), (DPPOTrainer, DPPOConfig)):
+        model, tok = load_policy("embedded")
+        args = cfg(**run_config(tmp_path / cls.__name__, max_steps=3, beta=0.04, per_device_train_batch_size=8))
+        trainer = cls(model=model, reward_funcs=length_reward, args=args, train_dataset=data, processing_class=tok)
+        trainer.train()
+        finals.append(torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]))
+    assert not trainer.pruning and trainer.pruning_log == []
+    assert torch.equal(finals[0], finals[1])
+
+
+def test_passes_score_kept_rows_only(tmp_path):
+    """Pruned completions never reach the old-policy or reference pass nor the update: each pass scores exactly the
+    rows the completion stage kept (fixed_count: at least one pruned in every batch with 2 candidates)."""
+    model, tok = load_policy("embedded")
+    args = DPPOConfig(**run_config(tmp_path, max_steps=4, steps_per_generation=2, gradient_accumulation_steps=1,
+                                   beta=0.04, completion_prune_rate=0.5, prune_sampling="fixed_count"))
+    trainer = DPPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=prompts_data(16),
+                          processing_class=tok)
+    trainer.train()
+    kept = sum(sum(map(sum, e["completion_keep"])) for e in trainer.pruning_log)
+    total = sum(len(e["completion_keep"]) * 4 for e in trainer.pruning_log)
+    assert len(trainer.pruning_log) == 2 and 0 < kept < total
+    # steps_per_generation 2 > gradient_accumulation_steps 1: TRL runs the old-policy pass; beta > 0: the reference
+    assert trainer.scored_rows["old_policy"] == trainer.scored_rows["reference"] == kept
+    assert trainer.scored_rows["update"] == kept
+    width = 12 + max(len(tok(x)["input_ids"]) for x in prompts_data(16)["prompt"])
+    for phase in ("old_policy", "reference", "update"):
+        assert trainer.scored_positions[phase] <= kept * width
+
+
+def test_resume_continues_the_pruning_history(tmp_path):
+    """A run resumed from a TRL checkpoint composes the next batch as the uninterrupted run did (same covered
+    prompts, masks and inclusion probabilities): the prompt history and the sampler's position travel in the
+    checkpoint. Every group has zero variance, so from the second pass on every prompt is a candidate."""
+    kw = run_config(tmp_path / "a", save_strategy="steps", save_steps=5, prompt_prune_rate=0.5,
+                    completion_prune_rate=0.5)
+    model, tok = load_policy("embedded")
+    a = DPPOTrainer(model=model, reward_funcs=zero_reward, args=DPPOConfig(**kw), train_dataset=prompts_data(16),
+                    processing_class=tok)
+    a.train()
+    assert [len(e["covered"]) for e in a.pruning_log] == [4, 4, 4, 4, 7, 7, 7, 7]  # pass 2 covers 7 for 4 rolled
+    assert (tmp_path / "a" / "checkpoint-5" / "dppo_state.json").is_file()
+    model, tok = load_policy("embedded")
+    b = DPPOTrainer(model=model, reward_funcs=zero_reward, args=DPPOConfig(**{**kw, "output_dir": str(tmp_path / "b")}),
+                    train_dataset=prompts_data(16), processing_class=tok)
+    b.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-5"))
+    first = b.pruning_log[0]
+    same = a.pruning_log[5]
+    for key in ("batch", "pass", "covered", "prompt_keep", "prompt_pi"):
+        assert first[key] == same[key], key
+    assert [e["covered"] for e in b.pruning_log] == [e["covered"] for e in a.pruning_log[5:]]
+    visits = {k: r.visits for k, r in a.prompt_history.records.items()}
+    assert {k: r.visits for k, r in b.prompt_history.records.items()} == visits
+
+
+def test_two_processes_compose_the_same_masks(tmp_path):
+    """2 gloo processes (torchrun): every rank composes the same covered prompts and draws the same prompt and
+    completion masks, while each generates its own half of the rows."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(Path(__file__).with_name("trl_worker.py")), str(tmp_path)]
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["processes"] == r1["processes"] == 2 and r0["steps"] == r1["steps"]
+    assert r0["log"] == r1["log"] and len(r0["log"]) == r0["steps"]
+    assert any(len(e["covered"]) > sum(e["prompt_keep"]) for e in r0["log"])  # prompts were pruned
+    for e, rows0, rows1 in zip(r0["log"], r0["rows"], r1["rows"]):  # each rank: its own half of the groups
+        rolled = [k for k, kept in zip(e["covered"], e["prompt_keep"]) if kept]
+        assert rows0 + rows1 == [k for k in rolled for _ in range(4)] and rows0 != rows1
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(prompt_prune_rate=1.0), "prompt_prune_rate"),
+    (dict(completion_prune_rate=0.5, loss_type="sapo"), "loss_type"),
+    (dict(prompt_prune_rate=0.5, loss_type="bnpo"), "loss_type"),
+    (dict(prompt_prune_rate=0.5, inclusion="proportional"), "inclusion"),
+    (dict(prune_sampling="systematic"), "prune_sampling"),
+])
+def test_bad_pruning_fields_are_one_line_errors(tmp_path, kw, field):
+    with pytest.raises(ConfigError, match=f"config field '{field}' must be") as e:
+        DPPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)
+    assert "\n" not in str(e.value)
+
+
+def test_grpo_config_is_refused_with_a_pointer(tmp_path):
+    model, tok = load_policy("embedded")
+    with pytest.raises(ConfigError, match="DPPOConfig"):
+        DPPOTrainer(model=model, reward_funcs=zero_reward, train_dataset=prompts_data(4), processing_class=tok,
+                    args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none"))
