@@ -78,6 +78,9 @@ class DPPOConfig(GRPOConfig):
                "bernoulli with inclusion proportional (Poisson sampling: each item independently)", self.prune_sampling)
         if self.pruning:
             _check(self.loss_type in LOSS_AGG, "loss_type", f"one of {list(LOSS_AGG)} when pruning", self.loss_type)
+            _check(self.entropy_coef == 0 and not self.use_adaptive_entropy, "entropy_coef", "0 (and "
+                   "use_adaptive_entropy off) when pruning: TRL's entropy bonus is a token mean the row weights would "
+                   "skew", self.entropy_coef)
         if self.prompt_prune_rate > 0:
             _check(self.loss_type != "bnpo", "loss_type", "grpo, dr_grpo or dapo with prompt_prune_rate > 0 (bnpo "
                    "divides by each micro-batch's tokens, unknown before the prompt masks; dapo is its batch-wide "
@@ -309,6 +312,9 @@ class DPPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         if not (self.pruning and self.model.training):
             return super()._generate_and_score_completions(inputs)
+        if "image" in inputs[0] or "images" in inputs[0]:
+            raise ConfigError("DPPOTrainer: pruning does not support image inputs yet (their tensors are indexed by "
+                              "image, not by row); set prompt_prune_rate and completion_prune_rate to 0")
         batch_nos = {x["dppo_batch"] for x in inputs}
         if len(batch_nos) != 1:
             raise RuntimeError(f"DPPOTrainer: a generation batch mixes sampler batches {sorted(batch_nos)}")
@@ -327,7 +333,10 @@ class DPPOTrainer(GRPOTrainer):
         _, completion_ids, tool_mask, completions, _, extra_fields, _, _ = result
         for i, row in enumerate(gen.inputs):  # as GRPOTrainer merges rollout_func's extra fields before rewards
             for key, values in extra_fields.items():
-                row[key] = values[i] if isinstance(values, list) and i < len(values) else values
+                if not isinstance(values, list):
+                    row[key] = values
+                elif i < len(values):
+                    row[key] = values[i]
         gen.rewards_per_func = super()._calculate_rewards(gen.inputs, prompts, completions, completion_ids)
         G = self.num_generations
         weights = self.reward_weights.to(gen.rewards_per_func.device)
