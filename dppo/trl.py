@@ -42,10 +42,9 @@ LOSS_AGG = {"grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm",
             "dapo": "token-mean"}
 TRL_ADV_EPS = 1e-4  # TRL's advantage epsilon (hard-coded in GRPOTrainer)
 STATE_FILE = "dppo_state.json"  # in each TRL checkpoint folder
-# inputs whose second axis is the completion (trimmed with it) / the prompt
+# inputs whose second axis is the completion (trimmed with it)
 COMPLETION_KEYS = ("completion_ids", "completion_mask", "old_per_token_logps", "ref_per_token_logps",
                    "sampling_per_token_logps", "importance_sampling_ratio", "tool_mask")
-PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 
 
 def _as_train_config(name: str):
@@ -379,14 +378,14 @@ class DPPOTrainer(GRPOTrainer):
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                               batch_size, compute_entropy, compute_aux_loss, **kwargs)
         rows = self._rows_in_step(gen.local_keep)
-        ids, mask = input_ids[rows], attention_mask[rows]
-        left, width = _trim(mask, input_ids.size(1) - logits_to_keep)
+        prompt_width = input_ids.size(1) - logits_to_keep
+        width = _completion_width(attention_mask[rows, prompt_width:])
         kept = int(gen.local_keep.sum())
         self.scored_rows[phase] += kept
-        self.scored_positions[phase] += kept * (input_ids.size(1) - left - (logits_to_keep - width))
+        self.scored_positions[phase] += kept * (prompt_width + width)
         logps, entropies, aux = super()._get_per_token_logps_and_entropies(
-            model, ids[:, left:ids.size(1) - logits_to_keep + width], mask[:, left:mask.size(1) - logits_to_keep + width],
-            width, batch_size, compute_entropy, compute_aux_loss)
+            model, input_ids[rows, :prompt_width + width], attention_mask[rows, :prompt_width + width], width,
+            batch_size, compute_entropy, compute_aux_loss)
         full = logps.new_zeros(input_ids.size(0), logits_to_keep)
         full[rows, :width] = logps
         full[~gen.local_keep] = float("nan")
@@ -518,24 +517,18 @@ class DPPOTrainer(GRPOTrainer):
             self._sampler.pass_no, self._sampler.position, self._sampler.batch_no = self._trained
 
 
-def _trim(mask: torch.Tensor, prompt_width: int) -> tuple[int, int]:
-    """(left, width) of the kept rows' [prompt | completion] attention mask: `left` leading columns are padding in
-    every row (left-padded prompts) and completions end by column `width` (right-padded)."""
-    prompt_any = mask[:, :prompt_width].any(0).nonzero()
-    left = int(prompt_any[0]) if prompt_any.numel() else 0
-    comp_any = mask[:, prompt_width:].any(0).nonzero()
-    width = int(comp_any[-1]) + 1 if comp_any.numel() else 1
-    return left, width
+def _completion_width(completion_mask: torch.Tensor) -> int:
+    """Columns the rows' right-padded completions use (at least 1). Trimming the rest changes nothing before it
+    (causal attention); the left-padded prompts keep TRL's width, so every token keeps TRL's position."""
+    used = completion_mask.any(0).nonzero()
+    return int(used[-1]) + 1 if used.numel() else 1
 
 
 def _select_rows(inputs: dict, rows: torch.Tensor, n: int) -> dict:
-    """The micro-batch restricted to `rows`, with the columns no kept row uses trimmed."""
+    """The micro-batch restricted to `rows`, with the completion columns none of them uses trimmed."""
     out = {k: (v[rows] if isinstance(v, torch.Tensor) and v.ndim >= 1 and v.size(0) == n else v)
            for k, v in inputs.items()}
-    width_p, width_c = out["prompt_ids"].size(1), out["completion_ids"].size(1)
-    left, width = _trim(torch.cat([out["prompt_mask"], out["completion_mask"]], 1), width_p)
-    for k in PROMPT_KEYS:
-        out[k] = out[k][:, left:]
+    width_c, width = out["completion_ids"].size(1), _completion_width(out["completion_mask"])
     for k in COMPLETION_KEYS:
         v = out.get(k)
         if isinstance(v, torch.Tensor) and v.ndim == 2 and v.size(1) == width_c:
