@@ -41,3 +41,4 @@ def embedded64(embedded):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+

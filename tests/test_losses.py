@@ -1,6 +1,7 @@
-"""Advantages, surrogates, KL, aggregation and diagnostics against hand-computed values and TRL's formulas
-(docs/method.md §2.1-2.2, §5)."""
+"""Advantages, surrogates, KL, aggregation and diagnostics against hand-computed values and TRL's GRPOTrainer
+itself (docs/method.md §2.1-2.2, §5)."""
 
+import copy
 import math
 import zlib
 
@@ -127,51 +128,7 @@ def test_policy_objective_kl_requires_reference():
     assert stats["kl"][0] / stats["kl"][1] == pytest.approx(0.5 + math.log(2) - 1, abs=1e-6)
 
 
-# ---------------------------------------------------------------- TRL's formulas, written out by hand
-def _trl_advantages(rewards, G, scale_rewards):
-    """TRL GRPOTrainer._generate_and_score_completions (scale_rewards group | batch | none), eps 1e-4."""
-    flat = rewards.reshape(-1)
-    mean = flat.view(-1, G).mean(1).repeat_interleave(G)
-    std = flat.view(-1, G).std(1).repeat_interleave(G) if scale_rewards != "batch" else flat.std().expand_as(flat)
-    adv = flat - mean
-    return adv / (std + 1e-4) if scale_rewards != "none" else adv
-
-
-def _trl_loss(logp, old, ref, adv, mask, loss_type, level, eps_low, eps_high, beta, bias_correction, max_len):
-    """TRL GRPOTrainer._compute_loss for one process and one accumulation step (num_items_in_batch = the
-    batch's completion tokens), and its clip_ratio/{low,high,region}_mean."""
-    log_ratio = logp - old
-    if level == "token":
-        liw = log_ratio
-    else:
-        liw = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
-    coef_1 = torch.exp(liw)
-    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
-    a = adv.unsqueeze(1)
-    per_token = -torch.min(coef_1 * a, coef_2 * a)
-    if beta != 0.0:
-        kl = torch.exp(ref - logp) - (ref - logp) - 1
-        if bias_correction:
-            kl = kl * coef_1
-        per_token = per_token + beta * kl
-    if loss_type == "grpo":
-        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    elif loss_type == "bnpo":
-        loss = (per_token * mask).sum() / mask.sum().clamp(min=1.0)
-    elif loss_type == "dr_grpo":
-        loss = (per_token * mask).sum() / (per_token.size(0) * max_len)
-    else:  # dapo
-        loss = (per_token * mask).sum() / mask.sum()
-    low = ((coef_1 < 1 - eps_low) & (a < 0)).double()
-    high = ((coef_1 > 1 + eps_high) & (a > 0)).double()
-    region = (low + high).clamp(max=1)
-    if level == "token":
-        clip = {k: float((x * mask).sum() / mask.sum()) for k, x in (("low", low), ("high", high), ("region", region))}
-    else:
-        clip = {k: float(x.mean()) for k, x in (("low", low), ("high", high), ("region", region))}
-    return loss, clip
-
-
+# ---------------------------------------------------------------- TRL itself (GRPOTrainer, imported)
 DPPO_OF_TRL = {  # TRL (loss_type, importance_sampling_level) -> dppo (loss_type, loss_agg)
     ("grpo", "token"): ("ppo_clip", "seq-mean-token-mean"),
     ("dr_grpo", "token"): ("ppo_clip", "seq-mean-token-sum-norm"),
@@ -182,40 +139,83 @@ DPPO_OF_TRL = {  # TRL (loss_type, importance_sampling_level) -> dppo (loss_type
 
 
 @pytest.mark.parametrize("trl_loss", list(DPPO_OF_TRL))
-@pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
-@pytest.mark.parametrize("beta,bias_correction", [(0.0, False), (0.04, False), (0.04, True)])
-def test_loss_and_gradient_equal_trl(trl_loss, scale_rewards, beta, bias_correction):
-    """dppo with all weights 1 and Z = N rows (seq-mean) or the batch's tokens (token-mean) computes TRL's loss,
-    gradient and clip ratios, for every scale_rewards, with and without the (bias-corrected) KL."""
-    g = torch.Generator().manual_seed(zlib.crc32(repr((trl_loss, scale_rewards, beta)).encode()))
-    B, G, T, max_len = 3, 4, 6, 8
-    rewards = torch.randint(0, 3, (B, G), generator=g).double()
-    rewards[0] = 1.0  # a zero-variance group
-    lengths = torch.randint(1, T + 1, (B * G,), generator=g)
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).double()
-    old = -torch.rand(B * G, T, generator=g, dtype=torch.float64) * 2
-    ref = old + 0.3 * torch.randn(B * G, T, generator=g, dtype=torch.float64)
-    new = (old + 0.4 * torch.randn(B * G, T, generator=g, dtype=torch.float64)).requires_grad_(True)
-    eps_low, eps_high = (3e-4, 4e-4) if trl_loss[1] == "sequence" else (0.2, 0.28)
-    ours_adv = ADVANTAGES[scale_rewards](rewards, 1e-4).reshape(-1)
-    trl_adv = _trl_advantages(rewards, G, scale_rewards)
-    assert torch.allclose(ours_adv, trl_adv, rtol=1e-12, atol=1e-12)
+@pytest.mark.parametrize("scale_rewards,beta,bias_correction", [("group", 0.0, False), ("batch", 0.04, False),
+                                                                ("none", 0.04, True)])
+def test_loss_and_gradient_equal_trls_grpo_trainer(embedded64, tmp_path, monkeypatch, trl_loss, scale_rewards, beta,
+                                                   bias_correction):
+    """TRL imported, not copied: GRPOTrainer scores a generation batch (rewards, advantages, reference log-probs) and
+    computes its loss over two gradient-accumulation steps and the gradient; dppo's ADVANTAGES and policy_objective on
+    the same inputs give the same loss, gradient and binding-clip fractions, to 1e-9 (float64 numerics,
+    tests/trl_rig.py). Where dppo's defaults differ from TRL's, set equal here: adv_eps 1e-4 (TRL hard-codes it; dppo
+    defaults to verl's 1e-6). Per micro-batch dppo's normaliser is what TRL's loss type divides by: B G rows for the
+    sequence means, the generation batch's tokens for dapo, and each micro-batch's tokens x GA for bnpo (dppo's
+    token-mean has one Z per step: bnpo equals it on one micro-batch)."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.utils import split_tensor_dict
 
-    ref_loss, ref_clip = _trl_loss(new, old, ref, trl_adv, mask, trl_loss[0], trl_loss[1], eps_low, eps_high, beta,
-                                   bias_correction, max_len)
-    (ref_grad,) = torch.autograd.grad(ref_loss, new)
-    loss_type, agg = DPPO_OF_TRL[trl_loss]
-    z = float(mask.sum()) if agg == "token-mean" else float(B * G)
-    ours, stats = policy_objective(new, old, ours_adv, mask, torch.ones(B * G, dtype=torch.float64), z,
-                                   loss_type=loss_type, agg=agg, clip_low=eps_low, clip_high=eps_high, ref_logp=ref,
-                                   kl_coef=beta, kl_bias_correction=bias_correction, max_len=max_len)
-    (grad,) = torch.autograd.grad(ours, new)
-    assert ours.item() == pytest.approx(ref_loss.item(), rel=1e-12, abs=1e-14)
-    assert torch.allclose(grad, ref_grad, rtol=1e-10, atol=1e-14)
-    for k in ("low", "high", "region"):
-        total, count = stats[f"clip_frac/{k}"]
-        assert total / count == pytest.approx(ref_clip[k], abs=1e-12), k
-    assert stats["clip_frac/region"][0] > 0  # the ratios bind somewhere, so the comparison means something
+    from tests.trl_rig import COMPLETIONS, GA, PROMPTS, SPG, G, float64_numerics, make_trainer, rows
+
+    float64_numerics(monkeypatch)
+    model, tok = embedded64
+    (trl_type, level), (loss_type, agg) = trl_loss, DPPO_OF_TRL[trl_loss]
+    eps_low, eps_high = (3e-4, 4e-4) if level == "sequence" else (0.2, 0.28)
+    trainer = make_trainer(GRPOTrainer, GRPOConfig, copy.deepcopy(model), tok,
+                           Dataset.from_list([{"prompt": p} for p in PROMPTS[:2]]), tmp_path, G, loss_type=trl_type,
+                           importance_sampling_level=level, scale_rewards=scale_rewards, beta=beta,
+                           use_bias_correction_kl=bias_correction, epsilon=eps_low, epsilon_high=eps_high)
+    out = trainer._generate_and_score_completions(rows([0, 1]))
+    rewards = torch.tensor([COMPLETIONS[k][1] for k in (0, 1)], dtype=torch.float64)
+    # TRL computes rewards and advantages in float32; both losses below use TRL's advantages
+    assert torch.allclose(ADVANTAGES[scale_rewards](rewards, 1e-4).reshape(-1), out["advantages"].double(),
+                          rtol=1e-6, atol=1e-6)
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+    attention = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+    T = out["completion_ids"].size(1)
+    with torch.no_grad():  # an older policy, so that ratios move and clips bind, and a reference that differs from
+        current = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, T)[0]  # the policy
+    g = torch.Generator().manual_seed(zlib.crc32(repr(trl_loss).encode()))
+    out["old_per_token_logps"] = current + 0.4 * torch.randn(current.shape, generator=g, dtype=torch.float64)
+    if beta:  # (TRL's reference pass scored the initial weights, which are still the policy's: KL = 0 there)
+        out["ref_per_token_logps"] = current + 0.3 * torch.randn(current.shape, generator=g, dtype=torch.float64)
+    trainer.current_gradient_accumulation_steps = GA
+    micro = split_tensor_dict(out, SPG)
+
+    def gradient(loss):
+        trainer.model.zero_grad()
+        loss.backward()
+        return torch.cat([p.grad.reshape(-1) for p in trainer.model.parameters() if p.grad is not None]).clone()
+
+    trl_loss_value, trl_clips = 0.0, []
+    for mb in micro:
+        trl_loss_value = trl_loss_value + trainer._compute_loss(trainer.model, mb)
+        trl_clips.append({k: trainer._metrics["train"][f"clip_ratio/{k}_mean"][-1] for k in ("low", "high", "region")})
+    trl_grad = gradient(trl_loss_value)
+
+    ours, clips = 0.0, []
+    for mb in micro:
+        mask = mb["completion_mask"].double()
+        mb_ids = torch.cat([mb["prompt_ids"], mb["completion_ids"]], 1)
+        logp = trainer._get_per_token_logps_and_entropies(
+            trainer.model, mb_ids, torch.cat([mb["prompt_mask"], mb["completion_mask"]], 1), T)[0]
+        z = {"seq-mean-token-mean": float(out["advantages"].numel()), "seq-mean-token-sum-norm":
+             float(out["advantages"].numel()), "token-mean": float(out["num_items_in_batch"])}[agg]
+        if trl_type == "bnpo":
+            z = float(mask.sum()) * GA
+        loss, stats = policy_objective(logp, mb["old_per_token_logps"], mb["advantages"].double(), mask,
+                                       torch.ones(mask.size(0), dtype=torch.float64), z, loss_type=loss_type, agg=agg,
+                                       clip_low=eps_low, clip_high=eps_high, ref_logp=mb.get("ref_per_token_logps"),
+                                       kl_coef=beta, kl_bias_correction=bias_correction, max_len=8)
+        ours = ours + loss
+        clips.append({k: stats[f"clip_frac/{k}"][0] / stats[f"clip_frac/{k}"][1] for k in ("low", "high", "region")})
+    grad = gradient(ours)
+    assert float(ours) == pytest.approx(float(trl_loss_value), rel=1e-9, abs=1e-12)
+    assert float((grad - trl_grad).abs().max()) <= 1e-9 * float(trl_grad.abs().max())
+    for mine, theirs in zip(clips, trl_clips):  # TRL logs them in float32: fractions of a few dozen tokens
+        for k in ("low", "high", "region"):
+            assert mine[k] == pytest.approx(theirs[k], abs=1e-6), k
+    assert any(c["region"] > 0 for c in trl_clips)  # the ratios bind somewhere, so the comparison means something
 
 
 def test_clip_frac_counts_only_binding_clips_and_approx_kl_is_k3():

@@ -18,110 +18,25 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
-import trl.trainer.utils  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
-from trl.trainer.utils import split_tensor_dict  # noqa: E402
 
-from dppo import pruning  # noqa: E402
 from dppo.config import ConfigError  # noqa: E402
 from dppo.history import PromptRecord  # noqa: E402
 from dppo.model import load_policy  # noqa: E402
 from dppo.trl import DPPOConfig, DPPOTrainer  # noqa: E402
 from tests.masks import enumerate_draws  # noqa: E402
+from tests.trl_rig import (COMPLETIONS, PROMPTS, SPG, G, batch_gradient, float64_numerics, make_trainer,  # noqa: E402
+                           rows)
 
 # A "float64" model is not float64 end to end: TRL 1.16 scores log-probs with a float32 kernel
 # (trl/kernels/chunked_logprob.py: fp32 logsumexp statistics, fp32 gradient GEMMs) and transformers' Qwen3RMSNorm
 # normalises in float32. Identical shapes give identical float32 results, but the update's kept rows are trimmed to
 # their own width, so a gradient through them agrees with TRL's full batch only to float32 rounding: the bound on
 # max |E[g] - g_TRL| / max |g_TRL| as shipped (measured: <= 2.4e-7 over these cases). With both computed in float64
-# (Float64LogProbs, rms_norm_float64) the bound is 1e-9. A wrong weight or normaliser is off by 0.29 or more
+# (tests/trl_rig.float64_numerics) the bound is 1e-9. A wrong weight or normaliser is off by 0.29 or more
 # (docs/trl.md); the last assertion of the test shows one mask outcome alone is off too.
 TOLERANCE = {"as_shipped": 2e-6, "float64": 1e-9}
-
-
-class Float64LogProbs:
-    """TRL's fused log-prob kernel's contract (per-token log-prob of the target and entropy of
-    softmax(softcap(scale hidden W^T) / T)), computed in float64 by autograd: what the kernel computes in float32."""
-
-    @staticmethod
-    def apply(hidden, weight, bias, targets, temperature, chunk_size, softcap=None, logit_scale=1.0,
-              outputs=("entropy",)):
-        z = (hidden @ weight.t() + (0 if bias is None else bias)) * logit_scale
-        if softcap is not None:
-            z = softcap * torch.tanh(z / softcap)
-        logp = (z / temperature).log_softmax(-1)
-        entropy = -(logp.exp() * logp).sum(-1) if "entropy" in outputs else None
-        return logp.gather(-1, targets[:, None]).squeeze(-1), entropy, None, None, None
-
-
-def rms_norm_float64(self, hidden):
-    """Qwen3RMSNorm.forward in the input's dtype (transformers normalises in float32)."""
-    return self.weight * (hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-G = 3  # completions per prompt
-SPG = GA = 2  # steps_per_generation = gradient_accumulation_steps: one optimizer step per generation batch
-# each prompt's G completions (token ids) and rewards: groups with 2 completion candidates (|A| below the group's
-# mean |A|) and one zero-variance group (all 3 candidates)
-COMPLETIONS = {0: ([[11, 12, 13, 2], [14, 15, 2], [16, 17, 18, 19, 20]], [1.0, 0.0, 0.0]),
-               1: ([[21, 22, 2], [23, 2], [24, 25, 26, 27]], [0.0, 0.0, 0.0]),
-               2: ([[31, 32, 33], [34, 35, 36, 37, 2], [38, 2]], [1.0, 1.0, 0.0]),
-               3: ([[41, 42, 43, 44], [45, 2], [46, 47, 48]], [0.0, 1.0, 0.0])}
-REWARDS = {tuple(c): r for comps, rs in COMPLETIONS.values() for c, r in zip(comps, rs)}
-
-
-def table_reward(prompts, completions, completion_ids, **kwargs):
-    return [REWARDS[tuple(ids)] for ids in completion_ids]
-
-
-def fixed_generation(trainer, tokenizer, prompts):
-    """Replace the generation backend (only it) by the table above: row k of a group gets completion k."""
-    by_prompt = {tuple(tokenizer(p)["input_ids"]): key for key, p in enumerate(prompts)}
-
-    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        seen, out = {}, []
-        for ids in prompt_ids:
-            key = by_prompt[tuple(ids)]
-            out.append(list(COMPLETIONS[key][0][seen.get(key, 0)]))
-            seen[key] = seen.get(key, 0) + 1
-        return out, None
-    trainer._generate_single_turn = generate
-
-
-def make_trainer(cls, cfg_cls, model, tok, data, tmp, rows_per_device, **kw):
-    args = cfg_cls(output_dir=str(tmp), use_cpu=True, bf16=False, num_generations=G, report_to="none",
-                   per_device_train_batch_size=rows_per_device, steps_per_generation=SPG,
-                   gradient_accumulation_steps=GA, max_completion_length=8, save_strategy="no", seed=0, **kw)
-    trainer = cls(model=model, reward_funcs=table_reward, args=args, train_dataset=data, processing_class=tok)
-    if trainer.ref_model is not None:
-        trainer.ref_model.double()
-    fixed_generation(trainer, tok, list(data["prompt"]))
-    trainer.model.train()
-    return trainer
-
-
-def batch_gradient(trainer, output) -> torch.Tensor:
-    """Sum of the gradients of the generation batch's micro-batches, in order, as one optimizer step sees them."""
-    trainer.model.zero_grad()
-    trainer.current_gradient_accumulation_steps = GA
-    for mb in split_tensor_dict(output, SPG):
-        trainer._compute_loss(trainer.model, mb).backward()
-    return torch.cat([p.grad.reshape(-1) for p in trainer.model.parameters() if p.grad is not None]).clone()
-
-
-@pytest.fixture(scope="module")
-def policy64():
-    model, tok = load_policy("embedded")
-    return model.double(), tok
-
-
-PROMPTS = ["What is 2 + 3?", "What is 7 - 4?", "What is 6 * 2?", "What is 9 / 3?"]
-
-
-def rows(keys, batch_no=None):
-    out = [{"prompt": PROMPTS[k], **({"dppo_index": k, "dppo_batch": batch_no} if batch_no is not None else {})}
-           for k in keys for _ in range(G)]
-    return out
 
 
 CASES = [("grpo", 0.0, "bernoulli", 0.0), ("grpo", 0.1, "fixed_count", 0.0), ("grpo", 0.1, "bernoulli", 0.7),
@@ -133,7 +48,7 @@ AS_SHIPPED = [CASES[i] for i in (2, 3, 6, 8)]  # each loss type once, prompt pru
 
 @pytest.mark.parametrize("loss_type,beta,sampling,prompt_rate,numerics",
                          [(*c, "float64") for c in CASES] + [(*c, "as_shipped") for c in AS_SHIPPED])
-def test_expected_gradient_is_trls_full_batch_gradient(policy64, tmp_path, loss_type, beta, sampling, prompt_rate,
+def test_expected_gradient_is_trls_full_batch_gradient(embedded64, tmp_path, loss_type, beta, sampling, prompt_rate,
                                                       numerics, monkeypatch):
     """E over every prompt and completion mask of DPPOTrainer's gradient (its sampler's prompt stage, its
     generation-batch pipeline, TRL's loss with the weights, backward) = GRPOTrainer's gradient of the full covered
@@ -142,9 +57,8 @@ def test_expected_gradient_is_trls_full_batch_gradient(policy64, tmp_path, loss_
     candidates (zero variance at the last visit, mean lengths as recorded): fixed_count keeps exactly 2 of 4, so the
     batch covers all 4 and generates 2 (6 outcomes); without, 2 prompts are covered and generated."""
     if numerics == "float64":
-        monkeypatch.setattr(trl.trainer.utils, "_ChunkedLogProbFunction", Float64LogProbs)
-        monkeypatch.setattr(Qwen3RMSNorm, "forward", rms_norm_float64)
-    model, tok = policy64
+        float64_numerics(monkeypatch)
+    model, tok = embedded64
     covered = [0, 1, 2, 3] if prompt_rate else [0, 1]
     data = Dataset.from_list([{"prompt": p} for p in PROMPTS[:len(covered)]])
     common = dict(loss_type=loss_type, beta=beta)
