@@ -120,3 +120,30 @@ def test_the_reference_scores_like_the_policy_so_the_kl_is_zero_before_the_first
     assert next(tr.ref_model.parameters()).dtype == torch.float32
     stats = tr.update(batch, list(range(len(batch.completion_ids))), adv, torch.ones(len(adv)), float(len(adv)), Timer())
     assert stats["kl"] == 0.0, stats["kl"]
+
+
+def test_bf16_computes_in_bf16_and_keeps_fp32_weights_gradients_and_adam_state(tmp_path, embedded):
+    """`dtype: bfloat16` really on: a decoder layer's projections compute in bf16 in the update (forward with
+    gradients) and in the no-grad passes (old policy, reference) — the residual stream between them stays fp32 under
+    autocast, as it should —, while the master weights, the gradients the optimizer steps with and
+    AdamW's moments stay fp32; with `dtype: float32` the same projection computes in fp32 (the control: a config whose
+    dtype were ignored would fail the first assertion)."""
+    seen: dict[str, list[torch.dtype]] = {}
+    for dtype in ("bfloat16", "float32"):
+        tr = _trainer(tmp_path / dtype, dtype=dtype, lr=1e-4)
+        batch, adv = _batch(tr)
+        outs: list[torch.dtype] = []
+        projection = tr.policy.model.layers[0].mlp.gate_proj
+        handle = projection.register_forward_hook(lambda mod, args, out: outs.append(out.dtype))
+        tr.groups = [r // 4 for r in range(len(batch.completion_ids))]  # the rows' prompt groups, as a step sets them
+        tr.logprobs_no_grad(tr.model, batch.prompt_ids, batch.completion_ids)
+        no_grad = list(outs)
+        grads = _update(tr, batch, adv)
+        handle.remove()
+        seen[dtype] = [no_grad[0], outs[-1]]
+        assert all(p.dtype == torch.float32 for p in tr.policy.parameters())
+        assert grads and all(g.dtype == torch.float32 for g in grads.values())
+        moments = [t for s in tr.opt.optimizer.state.values() for k, t in s.items() if k in ("exp_avg", "exp_avg_sq")]
+        assert moments and all(t.dtype == torch.float32 for t in moments)
+    assert seen["bfloat16"] == [torch.bfloat16, torch.bfloat16], seen
+    assert seen["float32"] == [torch.float32, torch.float32], seen
