@@ -9,6 +9,9 @@ FLOPs (docs/method.md §5.1).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import shutil
 import time
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from dppo.trainer import Trainer, read_metrics
 
 hf_logging.disable_progress_bar()  # a study shows one bar per run, not transformers' per-load and per-save bars
 PROFILES = ("cpu", "paper")
+CODE_FILE = "code.sha256"  # in each run folder: the hash of the dppo source that trained it
 # A study notebook at smoke size (tests): seconds per run.
 SMOKE = dict(train_size=24, epochs=1, max_steps=2, eval_size=4, eval_samples=1, eval_every=1000, save_every=1000,
              prompts_per_step=8, group_size=4)
@@ -57,19 +61,24 @@ def run(config: str | Path, output_dir: str | Path, smoke: bool = False, launch:
     """Train `config` (YAML; relative paths from the repository) into `output_dir` with field overrides; `smoke`
     shrinks it to seconds; under the toy profile `dppo.toy.apply` changes it. In this process, or, with `launch`
     ({accelerate_config, num_processes, launcher}; `dppo.launch`), as its own `accelerate launch` over the local
-    GPUs. A finished run (its `final/` exists and its config is
-    unchanged) is not trained again; a folder holding another config is started over, never resumed."""
+    GPUs. A finished run (its `final/` exists, its config is unchanged and `code_hash()` is the one it was trained
+    with) is not trained again; a folder holding another config or trained by other code is started over, never
+    resumed (an interrupted run of the same config and code resumes)."""
     fields = {**(SMOKE if smoke else {}), **overrides, "output_dir": str(output_dir)}
     cfg = TrainConfig.load(ROOT / config, fields)
     if toy.active():
         cfg = toy.apply(cfg)
     out = Path(output_dir)
     before = _saved_config(out)
-    same = before is not None and dataclasses.replace(before, resume=cfg.resume) == cfg
+    code = (out / CODE_FILE).read_text().strip() if (out / CODE_FILE).is_file() else None
+    same = before is not None and dataclasses.replace(before, resume=cfg.resume) == cfg and code == code_hash()
     if (out / "final").is_dir() and same:
         return out
-    if not same:
+    if not same:  # another config or other code: start over, and no stale final/ may stand for the new run
         cfg = dataclasses.replace(cfg, resume=False)
+        shutil.rmtree(out / "final", ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CODE_FILE).write_text(code_hash() + "\n")
     if launch:
         from dppo.launch import launch_run
 
@@ -77,6 +86,17 @@ def run(config: str | Path, output_dir: str | Path, smoke: bool = False, launch:
     else:
         Trainer(cfg).fit()
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def code_hash() -> str:
+    """sha256 of the dppo package's source (every .py file, by relative path and content): a run folder records the
+    code that trained it, so tables are never made from runs of older code."""
+    pkg = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(pkg.rglob("*.py")):
+        digest.update(str(path.relative_to(pkg)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def _saved_config(out: Path) -> TrainConfig | None:
