@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from dppo.composition import PromptStream, StepComposer, compose_step
+from dppo.composition import PromptStream, StepComposer, compose_step, exact_count_stretch
 from masks import enumerate_draws
 
 from dppo.history import PromptHistory
@@ -126,3 +126,14 @@ def test_refill_is_exactly_unbiased_over_an_epoch(mode, refill, normaliser):
     assert total == pytest.approx(target, rel=1e-9)  # every prompt's G losses, once
     if refill == "tokens":  # coverage of later steps depends on earlier masks (through the lengths seen)
         assert len(partitions) > 1
+
+
+def test_exact_count_stretch_keeps_exactly_the_target_by_hand():
+    """fixed_count keeps n_other + n_cand - floor(r n_cand) of a stretch; the shortest stretch that keeps the target
+    (dppo.trl's batches), or None when the whole stream cannot."""
+    T, F = True, False
+    assert exact_count_stretch([T, T, T, F], 0.5, 2) == 3  # 3 candidates, 1 dropped
+    assert exact_count_stretch([T, F, T], 0.5, 2) == 2  # 1 candidate, none dropped, + 1 other
+    assert exact_count_stretch([T, T, T, T, T], 0.7, 2) == 4  # floor(2.8) = 2 of 4 dropped; 3 gives 3 - 2 = 1
+    assert exact_count_stretch([F, F, F], 0.9, 2) == 2  # no candidate: the next B prompts, as TRL's own batch
+    assert exact_count_stretch([T, T], 0.5, 2) is None  # 2 candidates keep 1
