@@ -107,7 +107,39 @@ BAD_FIELDS = [  # (override, field named in the error)
     (["--model_name_or_path", "no/such/model"], "model_name_or_path"),
     (["--lr"], "lr"),  # no value
     (["stray"], "stray"),
+
+    (["--group_size", "1"], "group_size"),
+    (["--algorithm", "ppo"], "algorithm"),
+    (["--lr", "-1"], "lr"),
+    (["--temperature", "0"], "temperature"),
+    (["--top_p", "1.5"], "top_p"),
+    (["--loss_agg", "sum"], "loss_agg"),
+    (["--prompts_per_step", "abc"], "prompts_per_step"),
+    (["--clip_low", "1.2"], "clip_low"),
+    (["--dataset", "missing.jsonl"], "dataset"),
+    (["--no_such_field", "3"], "no_such_field"),
+    (["--pruner", "magic"], "pruner"),
+    (["--prompt_prune_rate", "1.0"], "prompt_prune_rate"),
+    (["--completion_prune_rate", "-0.1"], "completion_prune_rate"),
+    (["--prune_sampling", "poisson"], "prune_sampling"),
+    (["--scale_rewards", "sideways"], "scale_rewards"),
+    (["--loss_normaliser", "kept"], "loss_normaliser"),
+    (["--pruner", "cppo", "--loss_normaliser", "fixed"], "loss_normaliser"),  # unweighted baselines: covered only
+    (["--prompt_prune_rate", "0.5"], "prompt_prune_rate"),  # pruner none would ignore it
+    (["--pruner", "greso", "--completion_prune_rate", "0.5"], "completion_prune_rate"),
+    (["--kl_bias_correction", "maybe"], "kl_bias_correction"),
 ]
+
+
+def test_missing_config_file(capsys):
+    assert "nope.yaml" in one_line_error(capsys, ["train", "--config", "nope.yaml"])
+
+
+def test_empty_dataset_file(capsys, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    err = one_line_error(capsys, ["train", "--dataset", str(empty), "--output_dir", str(tmp_path / "run")])
+    assert "empty.jsonl" in err and "no records" in err
 
 
 @pytest.mark.parametrize("override, field", BAD_FIELDS,

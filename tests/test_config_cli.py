@@ -1,4 +1,5 @@
-"""Bad configs get one-line errors naming the field; overrides and YAML round-trip."""
+"""The CLI and the config: a real process's one-line error, algorithm presets and overrides, YAML round-trip, the
+eval command (every other bad input: tests/test_bad_inputs.py)."""
 
 import subprocess
 import sys
@@ -10,52 +11,6 @@ from dppo.cli import main
 from dppo.config import ConfigError, TrainConfig
 
 GRPO_YAML = str(Path(__file__).resolve().parents[1] / "experiments" / "cpu" / "grpo.yaml")
-
-
-def _err(capsys, argv):
-    code = main(argv)
-    err = capsys.readouterr().err.strip()
-    assert code == 2
-    assert len(err.splitlines()) == 1 and err.startswith("dppo: error: ")
-    return err
-
-
-@pytest.mark.parametrize("override, field", [
-    (["--group_size", "1"], "group_size"),
-    (["--algorithm", "ppo"], "algorithm"),
-    (["--lr", "-1"], "lr"),
-    (["--temperature", "0"], "temperature"),
-    (["--top_p", "1.5"], "top_p"),
-    (["--loss_agg", "sum"], "loss_agg"),
-    (["--prompts_per_step", "abc"], "prompts_per_step"),
-    (["--clip_low", "1.2"], "clip_low"),
-    (["--dataset", "missing.jsonl"], "dataset"),
-    (["--no_such_field", "3"], "no_such_field"),
-    (["--pruner", "magic"], "pruner"),
-    (["--prompt_prune_rate", "1.0"], "prompt_prune_rate"),
-    (["--completion_prune_rate", "-0.1"], "completion_prune_rate"),
-    (["--prune_sampling", "poisson"], "prune_sampling"),
-    (["--scale_rewards", "sideways"], "scale_rewards"),
-    (["--loss_normaliser", "kept"], "loss_normaliser"),
-    (["--pruner", "cppo", "--loss_normaliser", "fixed"], "loss_normaliser"),  # unweighted baselines: covered only
-    (["--prompt_prune_rate", "0.5"], "prompt_prune_rate"),  # pruner none would ignore it
-    (["--pruner", "greso", "--completion_prune_rate", "0.5"], "completion_prune_rate"),
-    (["--kl_bias_correction", "maybe"], "kl_bias_correction"),
-])
-def test_bad_field_gets_one_line_error(capsys, tmp_path, override, field):
-    err = _err(capsys, ["train", "--config", GRPO_YAML, "--output_dir", str(tmp_path), *override])
-    assert field in err
-
-
-def test_missing_config_file(capsys):
-    assert "nope.yaml" in _err(capsys, ["train", "--config", "nope.yaml"])
-
-
-def test_empty_dataset_file(capsys, tmp_path):
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("")
-    err = _err(capsys, ["train", "--dataset", str(empty), "--output_dir", str(tmp_path / "run")])
-    assert "empty.jsonl" in err and "no records" in err
 
 
 def test_cli_error_is_one_line_in_a_real_process(tmp_path):
