@@ -121,11 +121,13 @@ def test_rates_zero_is_grpo_trainer(tmp_path):
     data, finals = prompts_data(8), []
     for cls, cfg in ((GRPOTrainer, GRPOConfig), (DPPOTrainer, DPPOConfig)):
         model, tok = load_policy("embedded")
+        initial = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         args = cfg(**run_config(tmp_path / cls.__name__, max_steps=3, beta=0.04, per_device_train_batch_size=8))
         trainer = cls(model=model, reward_funcs=length_reward, args=args, train_dataset=data, processing_class=tok)
         trainer.train()
         finals.append(torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]))
     assert not trainer.pruning and trainer.pruning_log == []
+    assert not torch.equal(finals[0], initial)  # the run moved the weights, so equality means something
     assert torch.equal(finals[0], finals[1])
 
 
