@@ -128,6 +128,7 @@ def _expected_and_full(tr, agg, mode, rq, ro, extra, kept_token_normaliser=False
     settings = {"loss_type": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28, "kl_bias_correction": True,
                 "scale_rewards": "group", "loss_normaliser": "covered", **extra}
     tr.cfg = dataclasses.replace(tr.cfg, loss_agg=agg, **settings)
+    tr.packing = tr.cfg.packing  # the update's layout is read from the trainer, set from the config at init
     prompts, comps = _rollouts(tr.policy.config.vocab_size)
     lengths = torch.tensor([[len(c) for c in comps[k]] for k in range(B)])
     history = _history()
@@ -184,6 +185,7 @@ def test_proportional_with_kl_is_unbiased_within_monte_carlo_error(trainer):
     tr.cfg = dataclasses.replace(tr.cfg, loss_agg="seq-mean-token-mean", loss_type="ppo_clip", clip_low=0.2,
                                  clip_high=0.28, kl_bias_correction=True, scale_rewards="group",
                                  loss_normaliser="covered", kl_coef=0.05, inclusion="proportional", packing="none")
+    tr.packing = "none"
     prompts, comps = _rollouts(tr.policy.config.vocab_size)
     lengths = torch.tensor([[len(c) for c in comps[k]] for k in range(B)])
     pruner = DPPO(prompt_rate=0.5, completion_rate=0.7, inclusion="proportional", inclusion_floor=0.2, kl_coef=0.05,
@@ -202,3 +204,115 @@ def test_proportional_with_kl_is_unbiased_within_monte_carlo_error(trainer):
     mean, se = grads.mean(0), grads.std(0) / len(grads) ** 0.5
     assert float((mean - full).norm()) < 4 * float(se.norm())
     assert sum(kept) / len(kept) < 0.8 * B * G and float(se.norm()) < 0.5 * float(full.norm())
+
+
+# ---------------------------------------------------------------- the update's absolute scale, by hand
+def _hand_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    """log softmax(logits / T) of each completion token, from one unpadded forward of prompt + completion.  [|o|]"""
+    logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1: -1] / temperature
+    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def _hand_minibatch_gradient(tr, prompts, comps, rollout, mb, kept, adv, weights, normaliser):
+    """Autograd of the minibatch loss written from docs/method.md §2.2, §2.5 and §2.6, not from dppo's functions:
+
+        L_mb = sum_{n in mb} w_n l_n / (Z n_mb / n),   l_n = agg_t(c_t s_t + beta k3_t rho_t)
+        s_t = -min(rho_t A_n, clip(rho_t, 1 - eps_low, 1 + eps_high) A_n),  rho_t = pi / pi_old
+        c_t = min(pi_old / pi_rollout, C) (TIS),  k3_t = e^d - d - 1,  d = log pi_ref - log pi
+
+    agg: mean over the completion's tokens, sum / max_new_tokens, or sum. Also returns each row's c_t."""
+    cfg, model = tr.cfg, tr.policy
+    model.zero_grad(set_to_none=True)
+    total, tis = 0.0, {}
+    for n in mb:
+        p, c = prompts[kept[n]], comps[kept[n]]
+        logp = _hand_logprobs(model, p, c, cfg.temperature)
+        with torch.no_grad():  # the fixture's old policy: the current one, perturbed per token
+            old = logp + 0.4 * torch.cos(1.7 * torch.tensor(c, dtype=logp.dtype) + len(p))
+            ref = _hand_logprobs(tr.ref_model.policy, p, c, cfg.temperature)
+        rho = torch.exp(logp - old)
+        a = adv[n]
+        surrogate = -torch.minimum(rho * a, torch.clamp(rho, 1 - cfg.clip_low, 1 + cfg.clip_high) * a)
+        tis[n] = torch.clamp(torch.exp(old - rollout[kept[n]].double()), max=cfg.rollout_is_cap)
+        d = ref - logp
+        token = surrogate * tis[n] + cfg.kl_coef * (torch.exp(d) - d - 1) * rho
+        per_sample = {"seq-mean-token-mean": token.mean(), "seq-mean-token-sum-norm": token.sum() / cfg.max_new_tokens,
+                      "token-mean": token.sum()}[cfg.loss_agg]
+        total = total + weights[n] * per_sample / (normaliser * len(mb) / len(kept))
+    total.backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]), tis
+
+
+@pytest.mark.parametrize("packing,agg", [("none", "seq-mean-token-mean"), ("dense", "token-mean"),
+                                         ("shared", "seq-mean-token-sum-norm"), ("dense", "seq-mean-token-mean")])
+def test_update_gradient_equals_hand_written_loss(trainer, monkeypatch, packing, agg):
+    """Trainer.update with num_minibatches = 2, off-policy, KL (bias-corrected) and TIS on, at temperature 0.8: every
+    split of the kept rows into the two minibatches is enumerated, and each of the update's optimizer steps (2 inner
+    epochs x 2 minibatches) gets the gradient of the hand-written minibatch loss at its absolute scale, Z n_mb / n
+    included, to 1e-9 (float64); the TIS weight handed to the loss is min(pi_old / pi_rollout, C) per token, and
+    the cap binds. Averaged over the splits, a minibatch's gradient is grad L_hat of all kept rows (§2.5)."""
+    import itertools
+
+    import dppo.trainer as trainer_module
+
+    tr = trainer
+    monkeypatch.setattr(tr, "cfg", dataclasses.replace(
+        tr.cfg, loss_agg=agg, loss_type="ppo_clip", clip_low=0.2, clip_high=0.28, kl_bias_correction=True,
+        num_minibatches=2, packing=packing, pack_capacity=40, micro_batch_tokens=40, micro_batch_size=2,
+        temperature=0.8, kl_coef=0.05, rollout_is_correction="tis", rollout_is_cap=1.5))
+    monkeypatch.setattr(tr, "packing", packing)
+    prompts, comps = _rollouts(tr.policy.config.vocab_size)
+    prompts = [prompts[b] for b in range(B) for _ in range(G)]
+    comps = [c for group in comps for c in group]
+    with torch.no_grad():  # what a rollout engine reports: float32 log-probs, off the trainer's by up to ~0.9
+        rollout = [(_hand_logprobs(tr.policy, p, c, 0.8) + 0.9 * torch.sin(2.3 * torch.tensor(c) + n)).float()
+                   for n, (p, c) in enumerate(zip(prompts, comps))]
+    kept = [0, 2, 3, 4, 6, 8]  # rows of the batch an outcome kept, their advantages and pruning weights, Z
+    adv = torch.tensor([1.2, -0.7, 0.4, -1.1, 0.9, -0.3], dtype=torch.float64)
+    weights = torch.tensor([2.0, 1.0, 2.0, 1.0, 1.0, 2.0], dtype=torch.float64)
+    normaliser = 7.5 if agg != "token-mean" else 61.0
+    batch = RolloutBatch(prompts, comps, rollout, [""] * len(prompts), [False] * len(prompts))
+    full_adv = torch.zeros(B * G, dtype=torch.float64)
+    full_adv[kept] = adv
+
+    rows, steps, tis_seen = [], [], {}  # kept rows of the current optimizer step; (rows, gradient) per step
+    real_loss, real_objective = tr.micro_batch_loss, trainer_module.policy_objective
+
+    def record_rows(mp, mc, idx, *args):
+        rows[len(rows):] = [idx]
+        return real_loss(mp, mc, idx, *args)
+
+    def record_tis(logp, old, adv_, mask, *args, token_weight=None, **kw):
+        for j, n in enumerate(rows[-1]):
+            tis_seen[n] = token_weight[j, : int(mask[j].sum())].detach().clone()
+        return real_objective(logp, old, adv_, mask, *args, token_weight=token_weight, **kw)
+
+    def record_step(*args, **kwargs):  # the gradient of each optimizer step; the parameters never move
+        steps.append((sorted(i for idx in rows for i in idx), torch.cat([p.grad.reshape(-1).clone()
+                                                                         for p in tr.model.parameters()])))
+        rows.clear()
+    monkeypatch.setattr(tr, "micro_batch_loss", record_rows)
+    monkeypatch.setattr(trainer_module, "policy_objective", record_tis)
+    monkeypatch.setattr(tr.opt, "step", record_step)
+
+    half = (len(kept) + 1) // 2
+    splits = list(itertools.combinations(range(len(kept)), half))
+    mean_first = torch.zeros(())
+    for first in splits:  # randperm's output such that perm[0::2] = first, perm[1::2] = the rest
+        order = [0] * len(kept)
+        order[0::2], order[1::2] = list(first), [i for i in range(len(kept)) if i not in first]
+        monkeypatch.setattr(torch, "randperm", lambda n, generator=None, order=order, **kw: torch.tensor(order))
+        steps.clear()
+        tr.update(batch, kept, full_adv, weights, normaliser, Timer())
+        assert [mb for mb, _ in steps] == [list(first), order[1::2]] * 2  # 2 inner epochs x 2 minibatches
+        for mb, grad in steps:
+            hand, tis = _hand_minibatch_gradient(tr, prompts, comps, rollout, mb, kept, adv, weights, normaliser)
+            assert float((grad - hand).norm() / hand.norm()) < 1e-9
+            for n in mb:
+                assert torch.allclose(tis_seen[n], tis[n], rtol=1e-12, atol=0)
+        mean_first = mean_first + steps[0][1] / len(splits)
+    full, tis = _hand_minibatch_gradient(tr, prompts, comps, rollout, list(range(len(kept))), kept, adv, weights,
+                                         normaliser)
+    assert float((mean_first - full).norm() / full.norm()) < 1e-9
+    capped = torch.cat([t for t in tis.values()])
+    assert (capped == tr.cfg.rollout_is_cap).any() and (capped < 1).any()  # the cap binds; others correct downward
