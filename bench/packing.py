@@ -8,7 +8,8 @@ padded (micro-batches of 64 rows), packed (rows of at most C tokens) and shared-
 prompt once, §3.3), side by side in one run, and prints valid-token density (real, non-padding tokens computed /
 token slots processed: the `density/valid_token` metric), loss-token density (completion tokens / slots: the
 share of slots whose logit enters the loss), update tokens/s (completion tokens trained per second) and the
-speed ratio to padded.
+speed ratio to padded, and how far each layout's completion log-probs are from padded's (the same numbers up to
+float32 rounding, docs/method.md §3.2-3.3).
 """
 
 from __future__ import annotations
@@ -59,45 +60,53 @@ def main() -> None:
     weights = torch.rand(len(c), generator=torch.Generator().manual_seed(0))
 
     def timed(fn):
+        """(seconds a rep, token slots, the completion log-probs [n, T] of the last rep)."""
         t0 = time.perf_counter()
         for _ in range(args.reps):
             model.zero_grad(set_to_none=True)
-            slots = fn()
-        return (time.perf_counter() - t0) / args.reps, slots
+            slots, lp = fn()
+        return (time.perf_counter() - t0) / args.reps, slots, lp.detach()
 
     def padded():
-        slots = 0
+        slots, parts = 0, []
         for s in range(0, len(c), 64):
             lp = completion_logprobs(model, p[s:s + 64], c[s:s + 64], pad)
             (lp.sum(1) * weights[s:s + 64]).sum().backward()
             slots += len(lp) * max(len(a) + len(b) for a, b in zip(p[s:s + 64], c[s:s + 64]))
-        return slots
+            parts.append(lp)
+        width = max(x.shape[1] for x in parts)
+        return slots, torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in parts])
 
     def packed(cap):
         lp, slots = packed_completion_logprobs(model, p, c, pad, 1.0, cap)
         (lp.sum(1) * weights).sum().backward()
-        return slots
+        return slots, lp
 
     def shared(cap):
         lp, slots = shared_prompt_logprobs(model, p, c, g, pad, 1.0, cap)
         (lp.sum(1) * weights).sum().backward()
-        return slots
+        return slots, lp
 
     print(f"{len(c)} kept rows of {len(set(g))} prompts, {comp_tokens} completion tokens, {all_tokens} tokens in all "
           f"({shared_tokens} with each prompt once)")
     print(f"{'layout':<16}{'valid-token density':>20}{'loss-token density':>19}{'update tok/s':>14}"
-          f"{'speed vs padded':>17}")
-    base_t, base_slots = timed(padded)
-    rows = [("padded", base_t, base_slots, all_tokens)]
+          f"{'speed vs padded':>17}{'max |dlogp|':>13}")
+    base_t, base_slots, base_lp = timed(padded)
+    rows = [("padded", base_t, base_slots, base_lp, all_tokens)]
     for cap in args.capacity:  # the layouts alternate, so a busy machine slows them alike
         rows.append((f"packed C={cap}", *timed(lambda cap=cap: packed(cap)), all_tokens))
         rows.append((f"shared C={cap}", *timed(lambda cap=cap: shared(cap)), shared_tokens))
+    mask = torch.zeros_like(base_lp, dtype=torch.bool)  # the completion tokens of each row
+    for n, b in enumerate(c):
+        mask[n, : len(b)] = True
     table = [{"layout": name, "valid_token_density": real / slots, "loss_token_density": comp_tokens / slots,
-              "update_tokens_per_s": comp_tokens / t, "speedup_vs_padded": base_t / t}
-             for name, t, slots, real in rows]
+              "update_tokens_per_s": comp_tokens / t, "speedup_vs_padded": base_t / t,
+              "max_logprob_diff_vs_padded": float((lp[:, : mask.shape[1]] - base_lp)[mask].abs().max())}
+             for name, t, slots, lp, real in rows]
     for r in table:
         print(f"{r['layout']:<16}{r['valid_token_density']:>20.3f}{r['loss_token_density']:>19.3f}"
-              f"{r['update_tokens_per_s']:>14,.0f}{r['speedup_vs_padded']:>16.2f}x")
+              f"{r['update_tokens_per_s']:>14,.0f}{r['speedup_vs_padded']:>16.2f}x"
+              f"{r['max_logprob_diff_vs_padded']:>13.1e}")
     if args.csv:
         import pandas as pd
 

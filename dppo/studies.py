@@ -102,6 +102,7 @@ T4_RUNS = {
     "proportional inclusion (same budget)": (_P, _SHORT_DPPO, "short/dppo_proportional"),
 }
 T5_RATES = (0.3, 0.5, 0.7)
+T5_SMOKE_RATES = (0.5,)  # the ablations notebook's grid at smoke size (tests)
 
 
 def t5_runs(rates=T5_RATES) -> dict:

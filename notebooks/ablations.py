@@ -36,7 +36,7 @@ from IPython.display import Markdown, display
 from dppo import figures, results, studies, tables
 
 if smoke:
-    rates = [0.5]
+    rates = list(studies.T5_SMOKE_RATES)
 out = results.figures_dir(smoke, profile)
 layouts = studies.study_layouts("ablations", configs=configs, overrides=overrides, rates=rates)
 runs4 = results.run_layout(layouts["T4"], smoke=smoke, launch=launch, root=results_dir, profile=profile)
@@ -75,3 +75,11 @@ density = {k: r[(r["step"] > 0) & (r["tokens/trained"] > 0)]["density/valid_toke
            (("dense", dense), ("padded", nopack))}
 assert density["dense"] > density["padded"] or density["dense"] == density["padded"] == 1.0, density
 assert len(t5) == 1 + len(rates) ** 2
+# each ablation does what its label says, at every step: one stage only prunes only at that stage; without 1/pi the
+# kept rows weigh exactly 1
+steps = {label: results.load_run(dirs[0]).query("step > 0") for label, dirs in runs4.items()}
+prompt_only, completion_only = steps["prompt stage only"], steps["completion stage only"]
+assert (prompt_only.query("`kept/prompt_frac` > 0")["kept/completion_frac"] == 1.0).all(), prompt_only
+assert (completion_only["kept/prompt_frac"] == 1.0).all(), completion_only
+assert (steps["without 1/pi weights"]["weights/max"] <= 1.0).all()
+assert any((steps[k]["weights/max"] > 1.0).any() for k in (full, "prompt stage only", "completion stage only"))

@@ -33,6 +33,7 @@ smoke = os.environ.get("DPPO_SMOKE") == "1"
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
+import pandas as pd
 from IPython.display import Markdown, display
 
 from dppo import results, studies, tables
@@ -51,8 +52,17 @@ display(Markdown((out / "T2_algorithms.md").read_text()))
 display(Markdown(tables.sentences(t2, studies.T2_BASE, "T2")))
 
 # %%
+# Each algorithm alone trains every rolled-out row with weight 1 (trained tokens = generated tokens, every step);
+# with DPPO it trains a strict subset re-weighted by 1/pi >= 1 (over the three algorithms' runs, no completion
+# pruned at all has probability below 1e-9 at smoke size).
 assert len(t2) == 6 and (out / "T2_algorithms.md").is_file()
+with_dppo = []
 for alg in ("GRPO", "DAPO", "GSPO"):
-    r = results.load_run(runs[f"{alg} + DPPO"][0])
-    trained = (r["step"] > 0) & (r["kept/completion_frac"] > 0)  # a step that kept nothing logs weights 0
-    assert (r["weights/max"][trained] >= 1.0).all()
+    base = results.load_run(runs[alg][0]).query("step > 0")
+    assert (base["tokens/trained"] == base["tokens/generated"]).all() and (base["weights/max"] == 1.0).all(), alg
+    r = results.load_run(runs[f"{alg} + DPPO"][0]).query("step > 0")
+    trained = r["kept/completion_frac"] > 0  # a step that kept nothing logs weights 0
+    assert (r["weights/mean"][trained] >= 1.0 - 1e-6).all(), alg
+    with_dppo.append(r)
+with_dppo = pd.concat(with_dppo)
+assert with_dppo["tokens/trained"].sum() < with_dppo["tokens/generated"].sum()

@@ -60,4 +60,9 @@ display(Markdown(f"- Share of correct answers at each method's last checkpoint o
 
 # %%
 assert set(answers["method"]) == set(runs) and (answers["samples"] == samples).all()
+# every checkpoint's answers count its samples; step 0 is the same initial model sampled with the same seed for every
+# method, so its answers are identical across methods (a checkpoint loaded into the wrong method would differ)
+assert (answers.groupby(["method", "step"])["count"].sum() == samples).all()
+first = {m: sorted(zip(a["answer"].astype(str), a["count"])) for m, a in answers[answers["step"] == 0].groupby("method")}
+assert len({tuple(v) for v in first.values()}) == 1, first
 assert (results.figures_dir(smoke, profile) / "F5_case_study.png").is_file()

@@ -33,6 +33,7 @@ smoke = os.environ.get("DPPO_SMOKE") == "1"
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
+import pandas as pd
 from IPython.display import Markdown, display
 
 from dppo import figures, results, studies, tables
@@ -63,9 +64,17 @@ for label, dirs in runs.items():
         assert (d / "final" / "model.safetensors").is_file() and "eval/avg" in m, d
 assert t1["seeds"].eq(len(seeds)).all()
 assert len(seeds) < 2 or t1["speedup_ci"].notna().all()  # intervals over >= 2 seeds (the paper profile runs 1)
-dppo = results.load_run(runs["DPPO"][0])
-trained = (dppo["step"] > 0) & (dppo["kept/completion_frac"] > 0)  # a step that kept nothing logs weights 0
-assert (dppo["weights/mean"][trained] >= 1.0 - 1e-6).all()  # 1/pi weights are >= 1
+# What a wrong implementation would break, on every seed's steps: GRPO trains every rolled-out row with weight 1 (its
+# trained tokens are exactly its generated ones); DPPO trains a strict subset (completion pruning: fewer tokens
+# trained than generated over the run; with r_o = 0.5 no completion pruned in any step of any seed has probability
+# below 1e-6 at smoke size) and re-weights what it keeps by 1/pi >= 1.
+steps = {label: pd.concat([results.load_run(d) for d in dirs]).query("step > 0") for label, dirs in runs.items()}
+grpo = steps["GRPO"]
+assert (grpo["tokens/trained"] == grpo["tokens/generated"]).all() and (grpo["weights/max"] == 1.0).all(), grpo
+dppo = steps["DPPO"]
+assert dppo["tokens/trained"].sum() < dppo["tokens/generated"].sum(), dppo[["tokens/trained", "tokens/generated"]]
+trained = dppo["kept/completion_frac"] > 0  # a step that kept nothing logs weights 0
+assert (dppo["weights/mean"][trained] >= 1.0 - 1e-6).all() and (dppo["weights/max"] > 1.0).any()
 assert all((out / f"{n}.{e}").is_file() for n, e in [("T1_main_results", "csv"), ("T1_main_results", "md"),
                                                      ("T1_main_results_seeds", "csv"),
                                                      ("F2_training_curves", "png"), ("F2_training_curves", "pdf")])

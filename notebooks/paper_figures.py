@@ -42,13 +42,15 @@ out = results.figures_dir(smoke, profile)
 paper = profile == "paper" and not results_dir  # each study's runs where its experiments/paper/<study>.yaml put them
 seeds = {s.name: (s.seeds[:2] if smoke else studies.paper_params(s.name).get("seeds", s.seeds) if paper else s.seeds)
          for s in studies.STUDIES}
-rates = studies.paper_params("ablations").get("rates", studies.T5_RATES) if paper else studies.T5_RATES
+rates = list(studies.T5_SMOKE_RATES if smoke else studies.paper_params("ablations").get("rates", studies.T5_RATES)
+             if paper else studies.T5_RATES)
 missing = []
 
 
 def layout(study: str, table: str) -> dict:
     """The table's runs and row labels as the study trained them (the paper profile: with its parameter file)."""
-    return studies.study_layouts(study, **(studies.layout_params(studies.paper_params(study)) if paper else {}))[table]
+    params = studies.layout_params(studies.paper_params(study)) if paper else {}
+    return studies.study_layouts(study, **{**params, **({"rates": rates} if study == "ablations" else {})})[table]
 
 
 def root_of(study: str) -> Path:
@@ -63,19 +65,39 @@ def have(layout, study):
     return runs if not gone else None
 
 
+# smoke (tests): what the study notebooks just wrote, to compare with the tables rebuilt here (below)
+before = {f.stem: (f.read_text(), f.stat().st_mtime) for f in out.glob("T*.csv")}
+source_time = max(f.stat().st_mtime for f in Path(tables.__file__).parent.glob("*.py"))
+compared = []
+
+
+def table(runs, base, name, caption, key):
+    """tables.table into `out`. At smoke size, where the test command has just run the study notebooks into a clean
+    folder, a table of that name written after its runs and after the code that tabulates them was written by its study
+    notebook: the rebuilt one must be the same file (what a study notebook showed is what this one shows). Full-size
+    tables may come from other runs (results copied from elsewhere, another results_dir), so they are not compared."""
+    text, written = before.get(name, ("", 0.0))
+    inputs = max(d.joinpath("metrics.jsonl").stat().st_mtime for dirs in runs.values() for d in dirs)
+    result = tables.table(runs, base, name, caption, key, out, cpu_columns=profile == "cpu")
+    if smoke and written > max(inputs, source_time):
+        assert (out / f"{name}.csv").read_text() == text, f"{name}: rebuilt from the same runs, the table differs"
+        compared.append(name)
+    return result
+
+
 figures.figure_f1(out=out)
 if runs := have(layout("main_results", "T1"), "main_results"):
-    tables.table(runs, "GRPO", "T1_main_results", studies.caption("T1", profile), "T1", out, cpu_columns=profile == "cpu")
+    table(runs, "GRPO", "T1_main_results", studies.caption("T1", profile), "T1")
     figures.figure_f2(runs, out=out)
 if runs := have(layout("algorithms", "T2"), "algorithms"):
-    tables.table(runs, studies.T2_BASE, "T2_algorithms", studies.caption("T2", profile), "T2", out, cpu_columns=profile == "cpu")
+    table(runs, studies.T2_BASE, "T2_algorithms", studies.caption("T2", profile), "T2")
 if runs := have(layout("scale", "T3"), "scale"):
-    tables.table(runs, studies.t3_base(runs), "T3_scale", studies.caption("T3", profile), "T3", out, cpu_columns=profile == "cpu")
+    table(runs, studies.t3_base(runs), "T3_scale", studies.caption("T3", profile), "T3")
 if runs := have(layout("ablations", "T4"), "ablations"):
-    tables.table(runs, "GRPO", "T4_ablations", studies.caption("T4", profile), "T4", out, cpu_columns=profile == "cpu")
+    table(runs, "GRPO", "T4_ablations", studies.caption("T4", profile), "T4")
 if runs := have(layout("ablations", "T5"), "ablations"):
-    t5 = tables.table(runs, "GRPO", "T5_sensitivity", studies.caption("T5", profile) + f" Grid r_q, r_o in "
-                      f"{list(rates)}.", "T5", out, cpu_columns=profile == "cpu")
+    t5 = table(runs, "GRPO", "T5_sensitivity", studies.caption("T5", profile) + f" Grid r_q, r_o in "
+                      f"{list(rates)}.", "T5")
     figures.figure_t5(t5, rates, out=out)
 if (root / "gradient_variance" / "variance.csv").is_file():
     figures.figure_f3(root / "gradient_variance", out=out)
@@ -110,6 +132,9 @@ display(Markdown("### F1: the method"), Image(filename=str(out / f"{studies.FIGU
 
 # %%
 assert (out / f"{studies.FIGURE_F1}.png").is_file()
+print("tables rebuilt identical to the study notebooks':", compared or "none written after their runs")
+if smoke:  # the test command runs the study notebooks first (T3's after this one), each into a clean folder
+    assert {"T1_main_results", "T2_algorithms", "T4_ablations", "T5_sensitivity"} <= set(compared), compared
 if complete and not smoke:
     assert not missing, missing
     assert all((out / f"{n}.md").is_file() for s in studies.STUDIES for n in s.tables)

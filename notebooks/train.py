@@ -51,5 +51,14 @@ ax2.set(xlabel="training wall-clock (s)", ylabel="Pass@1, avg of the splits", ti
 fig.tight_layout()
 
 # %%
-assert (Path(run_dir) / "config.yaml").is_file() and (Path(run_dir) / "final" / "model.safetensors").is_file()
-assert summary["steps"] >= 1 and 0.0 <= summary["acc/avg"] <= 1.0
+# the run trained what its config asked for: one metrics row per step, and final/ holds weights that moved away
+# from the model it started from
+import torch
+
+from dppo.config import TrainConfig
+from dppo.model import load_policy
+
+cfg = TrainConfig.load(Path(run_dir) / "config.yaml")
+assert summary["steps"] == (metrics["step"] > 0).sum() == metrics["step"].max() >= 1, summary
+start, final = load_policy(cfg.model_name_or_path)[0], load_policy(str(Path(run_dir) / "final"))[0]
+assert any(not torch.equal(a, b) for a, b in zip(start.parameters(), final.parameters()))

@@ -38,9 +38,15 @@ def test_each_step_records_cpu_time_and_flops_and_shared_prompts_cost_less(tmp_p
         # completions fixed by the prompt alone: the same lengths, rewards and masks on any machine, so the strict
         # ordering below is a property of the layouts, not of what this machine's model happened to sample
         FixedRollout.install(tr)
+        generated, real_generate = [], tr.engine.generate
+        tr.engine.generate = lambda prompts, params: (generated.append(real_generate(prompts, params)), generated[-1])[1]
         records[packing] = r = tr.train_step()
         assert r["cpu_s/step"] > 0 and r["cpu_s/rollout"] > 0 and r["cpu_s/update"] > 0
-        assert r["flops/step"] == pytest.approx(r["flops/rollout"] + r["flops/update"], rel=1e-12)
+        # the rollout costs every generated row (pruned completions too, each group's prompt once); on-policy without
+        # KL the old and reference passes never run
+        rows = [(len(p), len(c)) for b in generated for p, c in zip(b.prompt_ids, b.completion_ids)]
+        assert r["flops/rollout"] == ModelShape.of(tr.policy).generation(*map(list, zip(*rows)), group_size=8) > 0
+        assert r["flops/old_logprob"] == r["flops/ref_logprob"] == 0 and r["kept/completion_frac"] < 1
     # the same rollouts and kept rows (same seed), laid out three ways: same rollout cost, less update cost
     none, dense, shared = (records[k] for k in ("none", "dense", "shared"))
     assert none["flops/rollout"] == dense["flops/rollout"] == shared["flops/rollout"]

@@ -75,8 +75,7 @@ def _training_metrics(path):
     return [{k: v for k, v in r.items() if not k.startswith(drop)} for r in read_metrics(path)]
 
 
-@pytest.mark.parametrize("variant", [
-    dict(),  # on-policy GRPO: one update per step
+@pytest.mark.parametrize("variant", [  # plain GRPO's resume: tests/test_faults.py (kill -9 at three points)
     dict(algorithm="dapo", kl_coef=0.05, ppo_epochs=2, num_minibatches=2, micro_batch_size=24),
     dict(pruner="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5),  # prompt history must survive resume
     dict(pruner="greso"),
@@ -148,7 +147,9 @@ def test_checkpoints_removed_after_final_and_a_finished_run_is_not_trained_again
     assert TrainConfig.load(tmp_path / "config.yaml").lr == 1e-4 and not (tmp_path / "checkpoints").exists()
 
 
-def test_zero_rates_reproduce_plain_grpo_exactly(tmp_path, embedded):
+def test_zero_rates_reproduce_the_unpruned_run_exactly(tmp_path, embedded):
+    """DPPO with both rates 0 is dppo's GRPO run, metric for metric (that dppo's GRPO loss is TRL's GRPOTrainer's:
+    tests/test_losses.py; DPPOTrainer at rates 0 = GRPOTrainer: tests/test_trl.py)."""
     common = dict(lr=2e-4, max_steps=5, eval_every=5, save_every=1000, **SMALL)
     Trainer(TrainConfig(output_dir=str(tmp_path / "grpo"), **common)).fit()
     Trainer(TrainConfig(output_dir=str(tmp_path / "dppo0"), pruner="dppo", prompt_prune_rate=0.0,
