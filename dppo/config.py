@@ -237,8 +237,7 @@ class TrainConfig:
                f"0 or at least prompts_per_step ({self.prompts_per_step})", self.refill_window)
         _check(self.refill == "none" or self.pruner != "dapo_filter", "refill",
                "'none' with pruner dapo_filter (DAPO refills by its own rounds)", self.refill)
-        for name in ("prompt_prune_rate", "completion_prune_rate"):
-            _check(0 <= float(getattr(self, name)) < 1, name, "a number in [0, 1)", getattr(self, name))
+        check_pruning_fields(self)
         _check(self.loss_normaliser == "covered" or PRUNERS[self.pruner].weighted, "loss_normaliser",
                f"'covered' with pruner {self.pruner} (an unweighted baseline: a plain mean over what it keeps)",
                self.loss_normaliser)
@@ -247,9 +246,6 @@ class TrainConfig:
             _check(getattr(self, name) == defaults[name] or name in PRUNER_FIELDS.get(self.pruner, ()), name,
                    f"0 with pruner {self.pruner} (read by: "
                    f"{', '.join(p for p, f in PRUNER_FIELDS.items() if name in f)})", getattr(self, name))
-        _check(0 < self.inclusion_floor <= 1, "inclusion_floor", "a number in (0, 1]", self.inclusion_floor)
-        _check(self.inclusion == "uniform" or self.prune_sampling == "bernoulli", "prune_sampling",
-               "bernoulli with inclusion proportional (Poisson sampling: each item independently)", self.prune_sampling)
         _check(0 <= self.clip_low < 1, "clip_low", "a number in [0, 1)", self.clip_low)
         _check(self.clip_high >= 0, "clip_high", "a number >= 0", self.clip_high)
         _check(self.prompts_per_step * self.group_size >= self.num_minibatches, "num_minibatches",
@@ -327,6 +323,15 @@ class TrainConfig:
 def _check(ok: bool, name: str, allowed: str, value) -> None:
     if not ok:
         raise ConfigError(f"config field '{name}' must be {allowed}, got {value!r}")
+
+
+def check_pruning_fields(cfg) -> None:
+    """The checks of the pruning fields that TrainConfig and `dppo.trl.DPPOConfig` share (same names and meaning)."""
+    for name in ("prompt_prune_rate", "completion_prune_rate"):
+        _check(0 <= float(getattr(cfg, name)) < 1, name, "a number in [0, 1)", getattr(cfg, name))
+    _check(0 < cfg.inclusion_floor <= 1, "inclusion_floor", "a number in (0, 1]", cfg.inclusion_floor)
+    _check(cfg.inclusion == "uniform" or cfg.prune_sampling == "bernoulli", "prune_sampling",
+           "bernoulli with inclusion proportional (Poisson sampling: each item independently)", cfg.prune_sampling)
 
 
 def _coerce(f: dataclasses.Field, value):

@@ -33,7 +33,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from dppo import pruning
 from dppo.composition import exact_count_stretch
-from dppo.config import ConfigError, TrainConfig, _check
+from dppo.config import ConfigError, TrainConfig, _check, check_pruning_fields
 from dppo.history import PromptHistory
 from dppo.losses import ADVANTAGES
 
@@ -67,14 +67,10 @@ class DPPOConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("prompt_prune_rate", "completion_prune_rate"):
-            _check(0 <= float(getattr(self, name)) < 1, name, "a number in [0, 1)", getattr(self, name))
         for name in ("prune_sampling", "loss_normaliser", "prompt_candidate_rule", "inclusion"):
             choices = DPPOConfig.__dataclass_fields__[name].metadata["choices"]
             _check(getattr(self, name) in choices, name, f"one of {list(choices)}", getattr(self, name))
-        _check(0 < self.inclusion_floor <= 1, "inclusion_floor", "a number in (0, 1]", self.inclusion_floor)
-        _check(self.inclusion == "uniform" or self.prune_sampling == "bernoulli", "prune_sampling",
-               "bernoulli with inclusion proportional (Poisson sampling: each item independently)", self.prune_sampling)
+        check_pruning_fields(self)
         if self.pruning:
             _check(self.loss_type in LOSS_AGG, "loss_type", f"one of {list(LOSS_AGG)} when pruning", self.loss_type)
             _check(self.entropy_coef == 0 and not self.use_adaptive_entropy, "entropy_coef", "0 (and "
