@@ -122,6 +122,8 @@ BAD_FIELDS = [  # (override, field named in the error)
     (["--prompt_prune_rate", "1.0"], "prompt_prune_rate"),
     (["--completion_prune_rate", "-0.1"], "completion_prune_rate"),
     (["--prune_sampling", "poisson"], "prune_sampling"),
+    (["--pruner", "dppo", "--inclusion_floor", "0"], "inclusion_floor"),
+    (["--pruner", "dppo", "--inclusion", "proportional", "--prune_sampling", "fixed_count"], "prune_sampling"),
     (["--scale_rewards", "sideways"], "scale_rewards"),
     (["--loss_normaliser", "kept"], "loss_normaliser"),
     (["--pruner", "cppo", "--loss_normaliser", "fixed"], "loss_normaliser"),  # unweighted baselines: covered only

@@ -200,6 +200,8 @@ def test_two_processes_compose_the_same_masks(tmp_path):
     (dict(prompt_prune_rate=0.5, loss_type="bnpo"), "loss_type"),
     (dict(prompt_prune_rate=0.5, inclusion="proportional"), "inclusion"),
     (dict(prune_sampling="systematic"), "prune_sampling"),
+    (dict(inclusion_floor=1.5), "inclusion_floor"),
+    (dict(completion_prune_rate=0.5, inclusion="proportional", prune_sampling="fixed_count"), "prune_sampling"),
     (dict(completion_prune_rate=0.5, entropy_coef=0.01), "entropy_coef"),
 ])
 def test_bad_pruning_fields_are_one_line_errors(tmp_path, kw, field):
