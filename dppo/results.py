@@ -20,6 +20,7 @@ from transformers.utils import logging as hf_logging
 
 from dppo import progress, toy
 from dppo.config import ConfigError, TrainConfig
+from dppo.paired import fit_in_turn
 from dppo.studies import FIGURES, RESULTS, ROOT, runs_for
 from dppo.trainer import Trainer, read_metrics
 
@@ -64,6 +65,21 @@ def run(config: str | Path, output_dir: str | Path, smoke: bool = False, launch:
     GPUs. A finished run (its `final/` exists, its config is unchanged and `code_hash()` is the one it was trained
     with) is not trained again; a folder holding another config or trained by other code is started over, never
     resumed (an interrupted run of the same config and code resumes)."""
+    cfg = prepare(config, output_dir, smoke, **overrides)
+    if cfg is None:
+        return Path(output_dir)
+    if launch:
+        from dppo.launch import launch_run
+
+        launch_run(cfg, launch)
+    else:
+        Trainer(cfg).fit()
+    return Path(output_dir)
+
+
+def prepare(config: str | Path, output_dir: str | Path, smoke: bool = False, **overrides) -> TrainConfig | None:
+    """The config `run` trains into `output_dir`, its folder made ready (`code.sha256` written; a stale final/
+    removed); None when the folder already holds this run finished by this code."""
     fields = {**(SMOKE if smoke else {}), **overrides, "output_dir": str(output_dir)}
     cfg = TrainConfig.load(ROOT / config, fields)
     if toy.active():
@@ -73,19 +89,13 @@ def run(config: str | Path, output_dir: str | Path, smoke: bool = False, launch:
     code = (out / CODE_FILE).read_text().strip() if (out / CODE_FILE).is_file() else None
     same = before is not None and dataclasses.replace(before, resume=cfg.resume) == cfg and code == code_hash()
     if (out / "final").is_dir() and same:
-        return out
+        return None
     if not same:  # another config or other code: start over, and no stale final/ may stand for the new run
         cfg = dataclasses.replace(cfg, resume=False)
         shutil.rmtree(out / "final", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / CODE_FILE).write_text(code_hash() + "\n")
-    if launch:
-        from dppo.launch import launch_run
-
-        launch_run(cfg, launch)
-    else:
-        Trainer(cfg).fit()
-    return out
+    return cfg
 
 
 @functools.lru_cache(maxsize=1)
@@ -110,21 +120,38 @@ def _saved_config(out: Path) -> TrainConfig | None:
 def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | None = None,
                root: str | Path = "", profile: str = "cpu") -> dict[str, list[Path]]:
     """Train every run of a study layout (`dppo.studies`) for every seed under `study_root(root, smoke, profile)`
-    (finished runs are skipped); {label: [run folder per seed]}. Each run is announced on
-    the progress file (`dppo.progress`) with its position and, when done, its time."""
+    (finished runs are skipped); {label: [run folder per seed]}. In this process (no `launch`) the runs of one seed
+    — every run a table compares with its baseline of that seed — are trained in turn, step by step
+    (`dppo.paired`), so a burst of load hits both sides of each speed-up alike; launched runs (one process group
+    each) and vLLM runs go one after the other. Progress goes to the progress file (`dppo.progress`)."""
     root = study_root(root, smoke, profile)
     todo = [(label, cfg, over, root / sub) for label, specs in runs_for(layout, seeds).items() for cfg, over, sub in specs]
     out: dict[str, list[Path]] = {}
-    trained: list[float] = []  # seconds of the runs trained so far (finished runs found on disk take ~0 s)
-    for i, (label, cfg, over, folder) in enumerate(todo, 1):
-        eta = f", about {sum(trained) / len(trained) * (len(todo) - i + 1) / 60:.0f} min left" if trained else ""
-        progress.note(f"run {i}/{len(todo)}: {label}, seed {over['seed']} -> {folder.relative_to(root)}{eta}")
+    for label, _, _, folder in todo:
+        out.setdefault(label, []).append(folder)
+    groups: dict[object, list[tuple[str, TrainConfig]]] = {}
+    for i, (label, config, over, folder) in enumerate(todo):
+        cfg = prepare(config, folder, smoke, **over)
+        if cfg is None:
+            progress.note(f"{label}, seed {over['seed']}: finished earlier ({folder.relative_to(root)})")
+            continue
+        together = not launch and cfg.rollout_backend == "hf"
+        groups.setdefault(("seed", cfg.seed) if together else ("alone", i), []).append((label, cfg))
+    trained = 0.0
+    for n, group in enumerate(groups.values(), 1):
+        names = ", ".join(f"{label}, seed {cfg.seed} -> {Path(cfg.output_dir).relative_to(root)}" for label, cfg in group)
+        eta = f"; about {trained / (n - 1) * (len(groups) - n + 1) / 60:.0f} min left" if n > 1 else ""
+        progress.note(f"training {n}/{len(groups)}: {names}" + (" (in turn, step by step)" if len(group) > 1 else "")
+                      + eta)
         t0 = time.perf_counter()
-        done = (folder / "final").is_dir()
-        out.setdefault(label, []).append(run(cfg, folder, smoke=smoke, launch=launch, **over))
-        if not done:
-            trained.append(time.perf_counter() - t0)
-        progress.note(f"run {i}/{len(todo)} done in {time.perf_counter() - t0:.0f} s")
+        if launch:
+            from dppo.launch import launch_run
+
+            launch_run(group[0][1], launch)
+        else:
+            fit_in_turn([lambda cfg=cfg: Trainer(cfg) for _, cfg in group])
+        trained += time.perf_counter() - t0
+        progress.note(f"training {n}/{len(groups)} done in {time.perf_counter() - t0:.0f} s")
     return out
 
 
@@ -137,7 +164,7 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
 
 def summarize(run_dir: str | Path) -> dict:
     """One row: final accuracy per split and average, the step-0 accuracy (NaN when the run skipped it), train
-    seconds / CPU seconds / FLOPs, steps, epochs, tokens, kept fractions."""
+    seconds / CPU seconds / FLOPs, steps, epochs, tokens, kept fractions, the cores other work took meanwhile."""
     df = load_run(run_dir)
     evals = df.dropna(subset=["eval/avg"])
     train = df[df["step"] > 0]
@@ -154,5 +181,8 @@ def summarize(run_dir: str | Path) -> dict:
         "kept/prompt_frac": float(train["kept/prompt_frac"].mean()),
         "kept/completion_frac": float(train["kept/completion_frac"].mean()),
         "density/valid_token": float(train["density/valid_token"].mean()),
+        # cores other work took while this run trained, averaged over its training time (dppo.machine)
+        "load/other_cores": float((train["load/other_cores"] * train["timing_s/step"]).sum() / train["timing_s/step"].sum())
+        if "load/other_cores" in train else float("nan"),
     })
     return row

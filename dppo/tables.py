@@ -3,8 +3,10 @@ intervals, the markdown tables (the paper's columns) and the sentence that puts 
 
 Speed-up = baseline time / method time at equal epochs, per seed (the same seed = the same problems in the same
 order: paired), in three currencies (docs/method.md §5.1): wall-clock (`speedup`), process CPU time
-(`speedup_cpu`) and FLOPs (`speedup_flops`). A run whose CPU/wall ratio (cores it actually used) is below 3/4 of the
-table's median is flagged `contended`: its wall-clock speed-up is not to be trusted. Accuracy is the final Pass@1
+(`speedup_cpu`) and FLOPs (`speedup_flops`). A run is `contended` when other work took more than
+`OTHER_CORES_LIMIT` cores on average while it trained (`load/other_cores`, dppo.machine), or when the cores it used
+(CPU / wall) fall below 3/4 of the table's median; a pair (a run and its baseline of the same seed) is contended when
+either is, and its wall-clock and CPU speed-ups are left out of the means (FLOPs never are). Accuracy is the final Pass@1
 (%) averaged over the held-out splits; `acc_gain` is the paired difference to the baseline. Over n seeds a cell is
 mean +- t_{0.975, n-1} s / sqrt(n) (Student's t).
 """
@@ -19,6 +21,8 @@ from dppo.results import summarize
 from dppo.studies import FIGURES, PAPER, PAPER_GAIN, PAPER_SPEEDUP
 
 SPEEDUPS = {"speedup": "train_s", "speedup_cpu": "train_cpu_s", "speedup_flops": "train_flops"}
+TIMED = ("speedup", "speedup_cpu")  # the speed-ups a busy machine moves: contended pairs are left out of their means
+OTHER_CORES_LIMIT = 0.25  # a quiet machine: a few hundredths of a core; one competing CPU-bound process: about 1
 # The markdown table: what the paper's tables show (accuracy per benchmark or split, average, time, speed-up), here
 # with the speed-up in wall-clock and FLOPs and, on CPU, process CPU time; every other column stays in the CSV.
 MD_COLUMNS = {"acc/avg": "avg", "acc_gain": "gain", "train_min": "time (min)", "speedup": "speed-up",
@@ -49,7 +53,10 @@ def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str]) -> pd.
         df[c] = df[c].astype(float) * 100
     df["train_min"] = df["train_s"] / 60
     cores = df["train_cpu_s"] / df["train_s"]
-    df["contended"] = cores < 0.75 * cores.median()
+    df["contended"] = (df["load/other_cores"] > OTHER_CORES_LIMIT) | (cores < 0.75 * cores.median())
+    flagged = set(zip(df["label"][df["contended"]], df["seed"][df["contended"]]))
+    df["pair_contended"] = [(label, seed) in flagged or (base_of[label], seed) in flagged
+                            for label, seed in zip(df["label"], df["seed"])]
     return df
 
 
@@ -62,15 +69,32 @@ def t_quantile(dof: int) -> float:
 
 def aggregate(seeds: pd.DataFrame) -> pd.DataFrame:
     """Per label: the mean of every numeric column, `<col>_ci` its 95% half-width (NaN for one seed), `seeds` the
-    count, `contended` whether any seed was."""
-    numeric = [c for c in seeds.columns if c not in ("label", "seed", "contended")]
+    count; the wall-clock and CPU speed-ups over the pairs that were not contended (`seeds_timed` of them; all seeds
+    when every pair was), `contended` the number of contended pairs."""
+    numeric = [c for c in seeds.columns if c not in ("label", "seed", "contended", "pair_contended")]
+    if "pair_contended" not in seeds:
+        seeds = seeds.assign(pair_contended=False)
+    out = _mean_and_interval(seeds, numeric)
+    timed = seeds[~seeds["pair_contended"]]
+    quiet = _mean_and_interval(timed, list(TIMED))
+    for label in out.index:
+        if label in quiet.index:
+            for c in TIMED:
+                out.loc[label, [c, f"{c}_ci"]] = quiet.loc[label, [c, f"{c}_ci"]].to_numpy()
     g = seeds.groupby("label", sort=False)
-    mean, n = g[numeric].mean(), g.size()
-    half = g[numeric].std(ddof=1).mul([t_quantile(k - 1) if k > 1 else float("nan") for k in n], axis=0) \
-        .div(n.pow(0.5), axis=0)
-    out = mean.join(half.add_suffix("_ci"))
-    out["seeds"], out["contended"] = n, g["contended"].any()
+    out["seeds"], out["contended"] = g.size(), g["pair_contended"].sum()
+    out["seeds_timed"] = [int((~seeds[seeds["label"] == label]["pair_contended"]).sum()) or int(n)
+                          for label, n in out["seeds"].items()]
     return out
+
+
+def _mean_and_interval(seeds: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Per label: mean of `columns` and `<col>_ci`, the 95% half-width (NaN for one seed)."""
+    g = seeds.groupby("label", sort=False)
+    mean, n = g[columns].mean(), g.size()
+    half = g[columns].std(ddof=1).mul([t_quantile(k - 1) if k > 1 else float("nan") for k in n], axis=0) \
+        .div(n.pow(0.5), axis=0)
+    return mean.join(half.add_suffix("_ci"))
 
 
 def cell(mean: float, ci: float, digits: int) -> str:
@@ -92,7 +116,7 @@ def markdown(summary: pd.DataFrame, cpu_columns: bool = True) -> str:
         digits = 2 if c.startswith("speedup") or c == "train_min" else 1
         body[names[c]] = [cell(m, ci, digits) for m, ci in zip(summary[c], summary[f"{c}_ci"])]
     if cpu_columns:
-        body["time (min)"] = [t + (" †" if flag else "") for t, flag in zip(body["time (min)"], summary["contended"])]
+        body["speed-up"] = [s + (f" †{k}" if k else "") for s, k in zip(body["speed-up"], summary["contended"])]
     return body.to_markdown(stralign="right")
 
 
@@ -107,7 +131,8 @@ def write(seeds: pd.DataFrame, name: str, caption: str, paper_key: str | None = 
     used = sorted(set(seeds["seed"]))
     note = (f" {len(used)} seeds ({', '.join(map(str, used))}): mean ± 95% CI (Student's t)." if len(used) > 1 else
             f" One seed ({used[0]}): accuracy differences of a few points are within run-to-run noise at this scale.")
-    contended = " † = contended (its wall-clock speed-up is not to be trusted);" if cpu_columns else ""
+    contended = (" †k = k seeds' pairs ran while other work took the machine's cores (contended, dppo.machine): "
+                 "their wall-clock and CPU speed-ups are left out of those means;" if cpu_columns else "")
     md = [f"**{name}.** {caption}{note}{contended} per-seed values and every other column in `{name}_seeds.csv` / "
           f"`{name}.csv`.", "", markdown(summary, cpu_columns), ""]
     if paper_key:
@@ -118,8 +143,25 @@ def write(seeds: pd.DataFrame, name: str, caption: str, paper_key: str | None = 
 
 def table(runs: dict[str, list[Path]], baseline: str | dict[str, str], name: str, caption: str,
           paper_key: str | None = None, out: Path = FIGURES, cpu_columns: bool = True) -> pd.DataFrame:
-    """per_seed() -> write(): the summary table (one row per label); `cpu_columns` False for GPU runs."""
-    return write(per_seed(runs, baseline), name, caption, paper_key, out, cpu_columns)
+    """per_seed() -> write(): the summary table (one row per label), its caption naming the machine(s) the runs'
+    clocks ran on; `cpu_columns` False for GPU runs."""
+    return write(per_seed(runs, baseline), name, caption + machines(runs), paper_key, out, cpu_columns)
+
+
+def machines(runs: dict[str, list[Path]]) -> str:
+    """' Machine: <CPU>, <cores> cores, torch <version>, <threads> threads[, <GPUs>].' from the runs' machine.json
+    (each distinct machine once; '' when no run recorded one)."""
+    import json
+
+    seen = []
+    for d in (Path(d) for dirs in runs.values() for d in dirs):
+        if (d / "machine.json").is_file():
+            m = json.loads((d / "machine.json").read_text())
+            text = (f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['threads']} threads"
+                    + (f", {m['gpus']} x {m['gpu']}" if m.get("gpus") else ""))
+            if text not in seen:
+                seen.append(text)
+    return f" Machine: {'; '.join(seen)}." if seen else ""
 
 
 def interval(summary: pd.DataFrame, label: str, col: str) -> tuple[float, float, float]:

@@ -22,6 +22,7 @@ import random
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from dppo.distributed import all_gather, balance, pad_to, shard, shard_frozen, u
 from dppo.evaluation import evaluate, format_accuracy
 from dppo.history import PromptHistory
 from dppo.losses import policy_objective, zero_std_groups
+from dppo.machine import LoadMeter, describe
 from dppo.model import load_policy
 from dppo.packing import group_segments, pack_rows, packed_completion_logprobs, shared_prompt_logprobs, token_groups
 from dppo.pruning import build_pruner, prune_step
@@ -247,6 +249,8 @@ class Trainer:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         t_step, c_step = timer.now(), time.process_time()
+        load = LoadMeter()  # what other work took of the machine's cores meanwhile (dppo.machine)
+        load.start()
         self.flops = dict.fromkeys(("rollout", "old_logprob", "ref_logprob", "update"), 0.0)
         G = cfg.group_size
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * self.step + 1)  # masks: own stream
@@ -293,6 +297,7 @@ class Trainer:
         self.step += 1
         timer.times["step"] = timer.now() - t_step
         timer.cpu["step"] = time.process_time() - c_step
+        other_cores = load.stop()
         self.flops["step"] = sum(self.flops.values())
         rewards, n_rows, n_rolled = step.rewards, len(step.rows), len(step.rolled)
         lengths = step.lengths.reshape(-1).float()
@@ -310,7 +315,7 @@ class Trainer:
             "completion_length/truncated_frac": sum(batch.truncated) / max(1, len(batch.truncated)),
             **stats, "skipped_steps": self.skipped_steps, **extra_stats, "lr": lr,
             **{f"timing_s/{k}": v for k, v in timer.times.items()}, **{f"cpu_s/{k}": v for k, v in timer.cpu.items()},
-            **{f"flops/{k}": v for k, v in self.flops.items()},
+            **{f"flops/{k}": v for k, v in self.flops.items()}, "load/other_cores": other_cores,
             **({"memory/peak_gb": torch.cuda.max_memory_allocated() / 2**30} if cuda else {}),
         }
 
@@ -681,11 +686,41 @@ class Trainer:
 
     def fit(self) -> dict[str, float]:
         """Train to the end; returns the final eval accuracies. The run owns its folder meanwhile (`.lock`)."""
+        steps = self.steps()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def steps(self) -> Iterator[int]:
+        """`fit` one step at a time: yields the step number after each step (with its evaluation and checkpoint), and
+        returns the final eval accuracies (as StopIteration's value); several runs can take turns
+        (`dppo.paired`). The run owns its folder from the first step until the generator ends or is closed."""
         lock = acquire_lock(self.out) if self.is_main else None
         try:
-            return self._fit()
+            inner = self._fit()
+            while True:
+                with self.threads():
+                    try:
+                        step = next(inner)
+                    except StopIteration as done:
+                        return done.value
+                yield step
         finally:
             release_lock(lock)
+
+    @contextmanager
+    def threads(self):
+        """torch's intra-op threads set to `intra_op_threads` (when > 0) while this run computes, restored after: the
+        setting is process-wide, and runs trained in turn or other work in the process may use another."""
+        before = torch.get_num_threads()
+        if self.cfg.intra_op_threads:
+            torch.set_num_threads(self.cfg.intra_op_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     def finished_earlier(self) -> bool:
         """Whether this folder holds this run already finished: final/ and metrics written with this config (only
@@ -703,7 +738,7 @@ class Trainer:
                               f"{'; '.join(changed)}; restore them, or set resume: false to start over")
         return True
 
-    def _fit(self) -> dict[str, float]:
+    def _fit(self) -> Iterator[int]:
         cfg = self.cfg
         if self.finished_earlier():
             if self.is_main:
@@ -712,6 +747,7 @@ class Trainer:
         resumed = self.maybe_resume()
         if self.is_main:
             write_atomic(self.out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            write_atomic(self.out / "machine.json", json.dumps(describe(), indent=1))  # what the clocks ran on
         if not resumed and cfg.eval_before_train:
             self._log({"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().items()}})
         acc: dict[str, float] = {}
@@ -734,6 +770,7 @@ class Trainer:
                             zero_std=f"{record['frac_reward_zero_std']:.2f}")
             if self.is_main and (told() or last):
                 progress.note(f"  {name}: step {self.step} | {bar.format_meter(**bar.format_dict)}")
+            yield self.step
         bar.close()
         final, tmp = self.out / "final", self.out / ".final.tmp"
         state = self.accelerator.get_state_dict(self.model)  # full weights (all-gathered under FSDP) on the main rank
@@ -762,3 +799,12 @@ def data_fingerprint(problems: list[Problem]) -> str:
 
 def read_metrics(path: str | Path) -> list[dict]:
     return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
+
+
+# Metrics of the machine, not of the run: two runs of one config and seed differ in these and agree on every other.
+MACHINE_METRICS = ("timing_s/", "cpu_s/", "throughput/", "load/")
+
+
+def run_metrics(record: dict) -> dict:
+    """A metrics record without its machine metrics (`MACHINE_METRICS`)."""
+    return {k: v for k, v in record.items() if not k.startswith(MACHINE_METRICS)}

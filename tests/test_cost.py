@@ -53,12 +53,12 @@ def test_each_step_records_cpu_time_and_flops_and_shared_prompts_cost_less(tmp_p
     assert shared["flops/update"] < dense["flops/update"] < none["flops/update"]
 
 
-def _fake_run(path, wall, cpu, flops, acc=0.5, start=None):
+def _fake_run(path, wall, cpu, flops, acc=0.5, start=None, other_cores=(0.02, 0.02)):
     path.mkdir(parents=True)
     rows = [] if start is None else [{"step": 0, "eval/avg": start}]
     rows += [{"step": i, "epoch": i / 2, "timing_s/step": wall / 2, "cpu_s/step": cpu / 2, "flops/step": flops / 2,
               "tokens/generated": 1, "tokens/trained": 1, "kept/prompt_frac": 1.0, "kept/completion_frac": 1.0,
-              "density/valid_token": 1.0} for i in (1, 2)]
+              "density/valid_token": 1.0, "load/other_cores": other_cores[i - 1]} for i in (1, 2)]
     rows[-1]["eval/avg"] = acc
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -74,8 +74,27 @@ def test_speedups_in_three_currencies_and_a_contended_run_is_flagged(tmp_path):
     assert df.loc["DPPO", "speedup"] == pytest.approx(20.0)
     assert df.loc["DPPO", "speedup_cpu"] == pytest.approx(2.0)
     assert df.loc["DPPO", "speedup_flops"] == pytest.approx(3.0)
-    assert list(df["contended"]) == [True, False, False]
+    assert list(df["contended"]) == [True, False, False] and df["pair_contended"].all()
     assert (df["acc/start"] == 25.0).all()  # runs that skipped step 0 take the baseline's start
+
+
+def test_a_pair_that_ran_beside_other_work_is_left_out_of_the_timed_means(tmp_path):
+    """Seed 1's DPPO run shared the machine with a job that took a core for its second step (time-weighted: 0.68
+    cores on average): that pair's wall and CPU speed-ups leave the means (FLOPs stay), the table marks it."""
+    runs = {"GRPO": [_fake_run(tmp_path / f"g/seed{s}", wall=10.0, cpu=10.0, flops=9.0) for s in range(3)],
+            "DPPO": [_fake_run(tmp_path / "d/seed0", wall=5.0, cpu=5.0, flops=3.0),
+                     _fake_run(tmp_path / "d/seed1", wall=20.0, cpu=30.0, flops=3.0, other_cores=(0.02, 1.0)),
+                     _fake_run(tmp_path / "d/seed2", wall=4.0, cpu=4.0, flops=3.0)]}
+    seeds = tables.per_seed(runs, "GRPO")
+    assert list(seeds["load/other_cores"]) == pytest.approx([0.02] * 4 + [0.51, 0.02])
+    assert list(seeds["contended"]) == [False] * 4 + [True, False]
+    assert list(seeds["pair_contended"]) == [False] * 4 + [True, False]
+    summary = tables.aggregate(seeds)
+    assert summary.loc["DPPO", "speedup"] == pytest.approx((2.0 + 2.5) / 2)  # seeds 0 and 2
+    assert summary.loc["DPPO", "speedup_cpu"] == pytest.approx((2.0 + 2.5) / 2)
+    assert summary.loc["DPPO", "speedup_flops"] == pytest.approx(3.0)  # every seed
+    assert summary.loc["DPPO", "seeds_timed"] == 2 and summary.loc["DPPO", "contended"] == 1
+    assert "2.25 ± " in tables.markdown(summary) and "†1" in tables.markdown(summary)
 
 
 def test_seeds_are_paired_and_intervals_are_students_t(tmp_path):

@@ -18,7 +18,7 @@ import yaml
 from safetensors.torch import load_file
 
 from dppo.config import TrainConfig
-from dppo.trainer import read_metrics
+from dppo.trainer import read_metrics, run_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist_worker.py"
@@ -127,7 +127,7 @@ def _train(tmp_path: Path, name: str, **over) -> Path:
 
 
 def _training(path: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "cpu_s/", "throughput/", "eval/"))}
+    return [{k: v for k, v in run_metrics(r).items() if not k.startswith("eval/")}
             for r in read_metrics(path / "metrics.jsonl")]
 
 

@@ -1,5 +1,5 @@
-"""Live progress outside the notebook (`./reproduce.sh` follows $DPPO_PROGRESS_FILE): each run of a study layout is
-announced with its position and seed, its steps with the bar's count and ETA, and its end with its time; seeds
+"""Live progress outside the notebook (`./reproduce.sh` follows $DPPO_PROGRESS_FILE): each seed's runs of a study
+layout (trained in turn) are announced with their position, its steps with the bar's count and ETA, and its end with its time; seeds
 train into their own folders."""
 
 from dppo import results, studies
@@ -13,8 +13,8 @@ def test_run_layout_writes_run_and_step_progress_per_seed(tmp_path, monkeypatch)
     assert [d.name for d in runs["GRPO"]] == ["seed0", "seed1"]
     assert all((d / "final" / "model.safetensors").is_file() for d in runs["GRPO"])
     lines = log.read_text().splitlines()
-    assert any("run 1/2: GRPO, seed 0 -> main_results/grpo/seed0" in ln for ln in lines), lines
-    assert any("run 2/2: GRPO, seed 1" in ln and "min left" in ln for ln in lines), lines  # ETA from run 1
+    assert any("training 1/2: GRPO, seed 0 -> main_results/grpo/seed0" in ln for ln in lines), lines
+    assert any("training 2/2: GRPO, seed 1" in ln and "min left" in ln for ln in lines), lines  # ETA from run 1
     steps = [ln for ln in lines if "grpo/seed1: step 2 |" in ln]
     assert steps and "<" in steps[-1] and ("prompt/s" in steps[-1] or "s/prompt" in steps[-1]), lines  # ETA, rate
     assert sum("done in" in ln for ln in lines) == 2

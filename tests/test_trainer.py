@@ -12,7 +12,7 @@ from dppo.config import ConfigError, TrainConfig
 from dppo.reward import math_reward
 from dppo.rollout import SamplingParams
 from dppo.scoring import completion_logprobs
-from dppo.trainer import Trainer, read_metrics
+from dppo.trainer import Trainer, read_metrics, run_metrics
 
 SMALL = dict(train_size=16, epochs=100, eval_size=4, eval_samples=2, prompts_per_step=8, group_size=8, max_new_tokens=48,
              warmup_steps=1, keep_checkpoints=10)
@@ -71,8 +71,7 @@ def _plant_zero_variance_history(tr) -> None:
 
 
 def _training_metrics(path):
-    drop = ("timing_s/", "cpu_s/", "throughput/")  # clocks; FLOPs are deterministic and stay
-    return [{k: v for k, v in r.items() if not k.startswith(drop)} for r in read_metrics(path)]
+    return [run_metrics(r) for r in read_metrics(path)]  # FLOPs are deterministic and stay
 
 
 @pytest.mark.parametrize("variant", [  # plain GRPO's resume: tests/test_faults.py (kill -9 at three points)
