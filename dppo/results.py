@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import torch
 from transformers.utils import logging as hf_logging
 
 from dppo import progress, toy
@@ -120,10 +121,11 @@ def _saved_config(out: Path) -> TrainConfig | None:
 def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | None = None,
                root: str | Path = "", profile: str = "cpu") -> dict[str, list[Path]]:
     """Train every run of a study layout (`dppo.studies`) for every seed under `study_root(root, smoke, profile)`
-    (finished runs are skipped); {label: [run folder per seed]}. In this process (no `launch`) the runs of one seed
-    — every run a table compares with its baseline of that seed — are trained in turn, step by step
-    (`dppo.paired`), so a burst of load hits both sides of each speed-up alike; launched runs (one process group
-    each) and vLLM runs go one after the other. Progress goes to the progress file (`dppo.progress`)."""
+    (finished runs are skipped); {label: [run folder per seed]}. On CPU in this process (no `launch`) the runs of one
+    seed — every run a table compares with its baseline of that seed — are trained in turn, step by step
+    (`dppo.paired`), so a burst of load hits both sides of each speed-up alike (all of them held in memory at once:
+    the embedded models are small); launched runs (one process group each), GPU runs and vLLM runs go one after the
+    other. Progress goes to the progress file (`dppo.progress`)."""
     root = study_root(root, smoke, profile)
     todo = [(label, cfg, over, root / sub) for label, specs in runs_for(layout, seeds).items() for cfg, over, sub in specs]
     out: dict[str, list[Path]] = {}
@@ -135,7 +137,8 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
         if cfg is None:
             progress.note(f"{label}, seed {over['seed']}: finished earlier ({folder.relative_to(root)})")
             continue
-        together = not launch and cfg.rollout_backend == "hf"
+        # in turn: CPU runs in this process (on a GPU each run needs the device's memory for itself)
+        together = not launch and cfg.rollout_backend == "hf" and not torch.cuda.is_available()
         groups.setdefault(("seed", cfg.seed) if together else ("alone", i), []).append((label, cfg))
     trained = 0.0
     for n, group in enumerate(groups.values(), 1):
