@@ -91,6 +91,12 @@ def test_completion_logprobs_and_gradients_equal_the_full_logits_path():
 
 PEAK_SCRIPT = r"""
 import json, resource, sys, torch
+def peak_gb():  # this process's own high-water mark: ru_maxrss can carry the forking parent's RSS across exec
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) for l in f if l.startswith("VmHWM")) / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 sys.path.insert(0, {tests!r})
 from test_scoring_memory import _random_qwen3, _naive_completion_logprobs
 from dppo.scoring import completion_logprobs
@@ -99,10 +105,10 @@ rows, tokens = {rows}, {tokens}
 g = torch.Generator().manual_seed(0)
 p_ids = [torch.randint(1, {vocab}, (16,), generator=g).tolist() for _ in range(rows)]
 c_ids = [torch.randint(1, {vocab}, (tokens,), generator=g).tolist() for _ in range(rows)]
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+base = peak_gb()
 fn = _naive_completion_logprobs if {naive} else (lambda m, p, c, t: completion_logprobs(m, p, c, 0, t))
 fn(model, p_ids, c_ids, 1.0).sum().backward()
-print(json.dumps({{"peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "model_gb": base}}))
+print(json.dumps({{"peak_gb": peak_gb(), "model_gb": base}}))
 """
 
 
