@@ -13,6 +13,7 @@ mean +- t_{0.975, n-1} s / sqrt(n) (Student's t).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -144,15 +145,17 @@ def write(seeds: pd.DataFrame, name: str, caption: str, paper_key: str | None = 
 def table(runs: dict[str, list[Path]], baseline: str | dict[str, str], name: str, caption: str,
           paper_key: str | None = None, out: Path = FIGURES, cpu_columns: bool = True) -> pd.DataFrame:
     """per_seed() -> write(): the summary table (one row per label), its caption naming the machine(s) the runs'
-    clocks ran on; `cpu_columns` False for GPU runs."""
-    return write(per_seed(runs, baseline), name, caption + machines(runs), paper_key, out, cpu_columns)
+    clocks ran on; `cpu_columns` False for GPU runs: no contended pairs there (a rank's load meter counts the other
+    ranks of its node as other work, and the CPU is not what a GPU step waits for), every seed's speed-up counts."""
+    seeds = per_seed(runs, baseline)
+    if not cpu_columns:
+        seeds = seeds.assign(contended=False, pair_contended=False)
+    return write(seeds, name, caption + machines(runs), paper_key, out, cpu_columns)
 
 
 def machines(runs: dict[str, list[Path]]) -> str:
     """' Machine: <CPU>, <cores> cores, torch <version>, <threads> threads[, <GPUs>].' from the runs' machine.json
     (each distinct machine once; '' when no run recorded one)."""
-    import json
-
     seen = []
     for d in (Path(d) for dirs in runs.values() for d in dirs):
         if (d / "machine.json").is_file():

@@ -95,6 +95,9 @@ def test_a_pair_that_ran_beside_other_work_is_left_out_of_the_timed_means(tmp_pa
     assert summary.loc["DPPO", "speedup_flops"] == pytest.approx(3.0)  # every seed
     assert summary.loc["DPPO", "seeds_timed"] == 2 and summary.loc["DPPO", "contended"] == 1
     assert "2.25 ± " in tables.markdown(summary) and "†1" in tables.markdown(summary)
+    # a GPU table keeps every seed (a rank's meter counts its node's other ranks as other work)
+    gpu = tables.table(runs, "GRPO", "T_gpu", "caption", out=tmp_path / "figures", cpu_columns=False)
+    assert gpu.loc["DPPO", "speedup"] == pytest.approx((2.0 + 0.5 + 2.5) / 3) and gpu.loc["DPPO", "seeds_timed"] == 3
 
 
 def test_seeds_are_paired_and_intervals_are_students_t(tmp_path):
