@@ -62,7 +62,7 @@ def main() -> None:
     full = studies.study_layouts("main_results")["T1"]
     layout = {label: full[label] for label in args.labels}
     for name, busy in (("quiet", None), ("busy", (args.busy_from, args.busy_for))):
-        runs = train(layout, args.seeds, Path(args.out) / name, busy)
+        runs = train(layout, args.seeds, Path(args.out).resolve() / name, busy)
         seeds = tables.per_seed(runs, args.labels[0])
         summary = tables.aggregate(seeds)
         print(f"\n{name}: other work took {seeds['load/other_cores'].mean():.2f} cores on average "

@@ -54,11 +54,13 @@ class TrainConfig:
     process_group_timeout_s: int = _f(7200, "Seconds a rank waits at a collective before the process group gives "
                                       "up (torch's default is 600): the first run on a node downloads the model and "
                                       "data on one rank while the others wait.")
-    intra_op_threads: int = _f(0, "torch intra-op threads of the training process (0 = torch's default: one per "
-                               "core). The CPU experiments use 1: the embedded model's small ops gain little from a "
-                               "second thread, and with a core taken by another job OpenMP's spin-waiting threads "
-                               "slow every step about 3x, one thread not at all (bench/contention.py). The thread "
-                               "count changes float rounding, so it is part of the run's config.")
+    intra_op_threads: int = _f(0, "torch intra-op threads of the training process: 0 = torch's default (one per core), "
+                               "n > 0 = n, -1 = auto: before each step, the cores other work left free during the "
+                               "last one (at least 1; dppo.machine.free_cores). The CPU experiments use auto: on a quiet "
+                               "machine a thread per core (2 threads train the embedded model 1.6x faster than 1), and "
+                               "with a core taken by another job one fewer, where OpenMP's spin-waiting threads would "
+                               "slow every step ~3x (bench/contention.py). The thread count changes float rounding, so "
+                               "under auto a run's trajectory depends on the load it met; fixed counts do not.")
     # ---- model
     model_name_or_path: str = _f("embedded", "'embedded' (tiny Qwen3 built locally; 'embedded-large': twice "
                                  "the depth), a local model dir, or hf:<repo id>.")
@@ -228,8 +230,9 @@ class TrainConfig:
                      "vllm_tensor_parallel_size", "vllm_max_num_seqs", "max_skipped_steps", "process_group_timeout_s"):
             _check(int(getattr(self, name)) >= 1, name, "an integer >= 1", getattr(self, name))
         for name in ("max_steps", "warmup_steps", "top_k", "refill_window", "rollout_token_budget",
-                     "vllm_max_model_len", "zero_variance_warn_steps", "intra_op_threads"):
+                     "vllm_max_model_len", "zero_variance_warn_steps"):
             _check(int(getattr(self, name)) >= 0, name, "an integer >= 0", getattr(self, name))
+        _check(int(self.intra_op_threads) >= -1, "intra_op_threads", "an integer >= 0, or -1 (auto)", self.intra_op_threads)
         for name in ("lr", "temperature", "eval_temperature", "epochs"):
             _check(float(getattr(self, name)) > 0, name, "a number > 0", getattr(self, name))
         _check(0 < self.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization", "a number in (0, 1]",

@@ -45,7 +45,8 @@ def figure_f2(runs: dict[str, list[Path]], baseline: str = "GRPO", name: str = "
     """Held-out accuracy and training reward against training wall-clock, one line per method: the mean over seeds
     with a 95% band. Accuracy: at each evaluation (the step-0 point is the baseline's of the same seed when a run
     skipped it), x = the mean wall-clock of that evaluation. Reward: 15-step moving average, each seed interpolated
-    onto a common wall-clock grid up to the shortest seed's end."""
+    onto a common wall-clock grid up to the shortest seed's end. A dashed line marks the baseline's final accuracy
+    (the target of T1's equal-compute columns)."""
     plt = _plt()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     for (label, dirs), color in zip(runs.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
@@ -62,6 +63,8 @@ def figure_f2(runs: dict[str, list[Path]], baseline: str = "GRPO", name: str = "
             rewards.append((train["wall_s"].to_numpy() / 60, train["reward"].rolling(15, min_periods=1).mean().to_numpy()))
         k = min(len(a) for a in accs)
         mean, half = band([a[:k] for a in accs])
+        if label == baseline:
+            ax1.axhline(np.mean([a[-1] for a in accs]), color=color, ls="--", lw=0.8)
         x = np.mean([v[:k] for v in xs], axis=0)
         ax1.plot(x, mean, marker="o", ms=3, color=color, label=f"{label} (n={len(dirs)})")
         ax1.fill_between(x, mean - half, mean + half, color=color, alpha=0.15, lw=0)

@@ -52,6 +52,14 @@ class LoadMeter:
         return max(0.0, other) / max(wall, 1e-9)
 
 
+def free_cores(other_cores: float, cores: int | None = None) -> int:
+    """Intra-op threads for the next step under `intra_op_threads: -1` (auto): the cores other work left free during
+    the last one, floor(cores - other_cores + 0.25), at least 1. A quiet machine gets a thread per core; each core
+    another job takes costs a thread, instead of OpenMP workers spin-waiting for a core they lost (docs/method.md §5.1)."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(cores, int(cores - other_cores + 0.25)))
+
+
 def describe() -> dict:
     """What a run folder records about the machine: CPU model, cores, torch build and threads, accelerator."""
     cpu = platform.processor() or platform.machine()

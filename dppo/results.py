@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
 import shutil
 import time
 from pathlib import Path
@@ -169,6 +170,7 @@ def summarize(run_dir: str | Path) -> dict:
     """One row: final accuracy per split and average, the step-0 accuracy (NaN when the run skipped it), train
     seconds / CPU seconds / FLOPs, steps, epochs, tokens, kept fractions, the cores other work took meanwhile."""
     df = load_run(run_dir)
+    machine = json.loads((Path(run_dir) / "machine.json").read_text()) if (Path(run_dir) / "machine.json").is_file() else {}
     evals = df.dropna(subset=["eval/avg"])
     train = df[df["step"] > 0]
     start = evals[evals["step"] == 0]
@@ -185,7 +187,16 @@ def summarize(run_dir: str | Path) -> dict:
         "kept/completion_frac": float(train["kept/completion_frac"].mean()),
         "density/valid_token": float(train["density/valid_token"].mean()),
         # cores other work took while this run trained, averaged over its training time (dppo.machine)
-        "load/other_cores": float((train["load/other_cores"] * train["timing_s/step"]).sum() / train["timing_s/step"].sum())
-        if "load/other_cores" in train else float("nan"),
+        "load/other_cores": _time_weighted(train, "load/other_cores"),
+        # the intra-op threads it computed with (time-weighted) and the machine's cores (machine.json)
+        "load/threads": _time_weighted(train, "load/threads", machine.get("threads")),
+        "cores": float(machine.get("cores", float("nan"))),
     })
     return row
+
+
+def _time_weighted(train: pd.DataFrame, column: str, default=None) -> float:
+    """A per-step metric averaged over the run's training time (`default` when the run did not log it)."""
+    if column not in train:
+        return float("nan") if default is None else float(default)
+    return float((train[column] * train["timing_s/step"]).sum() / train["timing_s/step"].sum())

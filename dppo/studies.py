@@ -69,10 +69,10 @@ PAPER_GAIN = {"T1": 3.36}
 # Runs that skip the step-0 evaluation: a baseline of the same seed evaluates the same initial model on the same
 # problems with the same sampling seed (identical numbers), so the tables take acc/start from it.
 _NO_START = {"eval_before_train": False}
-# T1: 256 problems x 3 epochs = 48 steps of 16 prompts x 8 completions, evaluated at steps 24 and 48, over 3 seeds
-# (the YAML files' 1000 problems take 188 steps: 15 runs of that would not fit ./reproduce.sh's hour). Every
-# checkpoint of seed 0 stays for the case study (F5).
-T1_SETUP = {"train_size": 256, "epochs": 3, "eval_every": 24, "keep_checkpoints": 10, "save_every": 12}
+# T1: 256 problems x 3 epochs = 48 steps of 16 prompts x 8 completions, evaluated every 8 steps (F2's curves, the
+# time to GRPO's accuracy), over 3 seeds (the YAML files' 1000 problems take 188 steps: 15 runs of that would not fit
+# ./reproduce.sh's hour). Every checkpoint of seed 0 stays for the case study (F5).
+T1_SETUP = {"train_size": 256, "epochs": 3, "eval_every": 8, "keep_checkpoints": 10, "save_every": 12}
 _G, _D, _P = "experiments/cpu/grpo.yaml", "experiments/cpu/dppo.yaml", "experiments/cpu/dppo_proportional.yaml"
 T1_RUNS = {
     "GRPO": (_G, T1_SETUP, "main_results/grpo"),
@@ -81,6 +81,22 @@ T1_RUNS = {
     "DPPO": (_D, {**T1_SETUP, **_NO_START}, "main_results/dppo"),
     "DPPO, proportional": (_P, {**T1_SETUP, **_NO_START}, "main_results/dppo_proportional"),
 }
+# T1 at equal compute: DPPO trained on for about GRPO's training time (DPPO is ~2.2x faster at CPU scale: 8 epochs
+# against GRPO's 3), for its accuracy at GRPO's time budget (tables.equal_compute); not in the equal-epoch table.
+LONG_EPOCHS = 8
+T1_LONG_SUB = "main_results/dppo_long"
+
+
+def t1_long(epochs: int = LONG_EPOCHS) -> dict:
+    """T1's longer DPPO run ({} for epochs 0)."""
+    return {f"DPPO, {epochs} epochs": (_D, {**T1_SETUP, **_NO_START}, T1_LONG_SUB)} if epochs else {}
+
+
+def longer_rows(layout: dict) -> tuple[str, ...]:
+    """The labels of a layout's runs that train past its table's epochs (T1's longer DPPO run)."""
+    return tuple(label for label, (_, _, sub) in layout.items() if sub == T1_LONG_SUB)
+
+
 # T2-T5 share short runs (256 problems x 2 epochs = 32 steps: the second epoch is where the prompt stage has
 # history to prune with), so each is about a minute on 2 CPU cores.
 SHORT = {"train_size": 256, "epochs": 2, "eval_every": 1000}
@@ -171,7 +187,7 @@ def paper_params(study: str) -> dict:
     return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
 
 
-LAYOUT_PARAMS = ("configs", "overrides", "large_model", "model_labels", "rates")  # papermill parameters that shape one
+LAYOUT_PARAMS = ("configs", "overrides", "large_model", "model_labels", "rates", "long_epochs")  # papermill parameters that shape one
 
 
 def layout_params(params: dict) -> dict:
@@ -180,19 +196,20 @@ def layout_params(params: dict) -> dict:
 
 
 def study_layouts(study: str, configs: dict | None = None, overrides: dict | None = None,
-                  large_model: str = "embedded-large", model_labels=(SMALL, LARGE), rates=T5_RATES) -> dict[str, dict]:
+                  large_model: str = "embedded-large", model_labels=(SMALL, LARGE), rates=T5_RATES,
+                  long_epochs: int = LONG_EPOCHS) -> dict[str, dict]:
     """{table: layout} that a study notebook trains, from its papermill parameters: `configs` replaces YAML files,
     by row label or by the CPU config file a row uses (the paper profile maps experiments/cpu/grpo.yaml and dppo.yaml
     to its Qwen3 recipes, so T1-T5 train one DPPO recipe and one GRPO recipe), `overrides` applies to every run,
     `large_model` is T3's larger model and `model_labels` the names of T3's (small, large) models in its rows,
-    `rates` T5's grid."""
+    `rates` T5's grid, `long_epochs` the epochs of T1's longer DPPO run (0: none), applied after `overrides`."""
     configs, overrides = configs or {}, overrides or {}
 
     def apply(layout: dict, extra=lambda sub: {}) -> dict:
         return {k: (configs.get(k, configs.get(cfg, cfg)), {**over, **overrides, **extra(sub)}, sub)
                 for k, (cfg, over, sub) in layout.items()}
     if study == "main_results":
-        return {"T1": apply(T1_RUNS)}
+        return {"T1": {**apply(T1_RUNS), **apply(t1_long(long_epochs), lambda sub: {"epochs": long_epochs})}}
     if study == "algorithms":
         return {"T2": apply(T2_RUNS)}
     if study == "scale":

@@ -4,11 +4,16 @@ intervals, the markdown tables (the paper's columns) and the sentence that puts 
 Speed-up = baseline time / method time at equal epochs, per seed (the same seed = the same problems in the same
 order: paired), in three currencies (docs/method.md §5.1): wall-clock (`speedup`), process CPU time
 (`speedup_cpu`) and FLOPs (`speedup_flops`). A run is `contended` when other work took more than
-`OTHER_CORES_LIMIT` cores on average while it trained (`load/other_cores`, dppo.machine), or when the cores it used
-(CPU / wall) fall below 3/4 of the table's median; a pair (a run and its baseline of the same seed) is contended when
-either is, and its wall-clock and CPU speed-ups are left out of the means (FLOPs never are). Accuracy is the final Pass@1
-(%) averaged over the held-out splits; `acc_gain` is the paired difference to the baseline. Over n seeds a cell is
+`OTHER_CORES_LIMIT` cores on average beyond those the run left free (`load/other_cores` over `load/spare_cores`: the
+machine's cores minus the run's intra-op threads; dppo.machine) while it trained, or when the core share of its
+threads (CPU / wall / threads) falls below 3/4 of the table's median; a pair (a run and its baseline of the same
+seed) is contended when either is, and its wall-clock and CPU speed-ups are left out of the means (FLOPs never are).
+Accuracy is the final Pass@1 (%) averaged over the held-out splits; `acc_gain` is the paired difference to the baseline. Over n seeds a cell is
 mean +- t_{0.975, n-1} s / sqrt(n) (Student's t).
+
+At equal compute (`equal_compute`, docs/method.md §6.2): per seed, the training time and FLOPs a run needs to reach
+its baseline's final accuracy (at the first evaluation at or above it), and its accuracy when it trains for the
+baseline's training time (at its last evaluation within that time).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dppo.results import summarize
+from dppo.results import load_run, summarize
 from dppo.studies import FIGURES, PAPER, PAPER_GAIN, PAPER_SPEEDUP
 
 SPEEDUPS = {"speedup": "train_s", "speedup_cpu": "train_cpu_s", "speedup_flops": "train_flops"}
@@ -53,12 +58,111 @@ def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str]) -> pd.
     for c in [c for c in df.columns if c.startswith("acc")]:
         df[c] = df[c].astype(float) * 100
     df["train_min"] = df["train_s"] / 60
-    cores = df["train_cpu_s"] / df["train_s"]
-    df["contended"] = (df["load/other_cores"] > OTHER_CORES_LIMIT) | (cores < 0.75 * cores.median())
+    # other work beyond the cores the run left free (the machine's cores minus its threads), or a thread that got less
+    # of a core (CPU / wall / threads) than the table's runs typically do
+    df["load/spare_cores"] = (df["cores"] - df["load/threads"]).clip(lower=0.0).fillna(0.0)
+    per_thread = df["train_cpu_s"] / df["train_s"] / df["load/threads"].fillna(1.0)
+    df["contended"] = (df["load/other_cores"] > df["load/spare_cores"] + OTHER_CORES_LIMIT) | \
+        (per_thread < 0.75 * per_thread.median())
     flagged = set(zip(df["label"][df["contended"]], df["seed"][df["contended"]]))
     df["pair_contended"] = [(label, seed) in flagged or (base_of[label], seed) in flagged
                             for label, seed in zip(df["label"], df["seed"])]
     return df
+
+
+def curve(run_dir: str | Path, start: float = float("nan")) -> pd.DataFrame:
+    """A run's evaluations: step, `acc` (eval/avg, %), and `train_s` / `train_flops` spent on training steps up to
+    each; a run that skipped its step-0 evaluation starts from `start` (its baseline's, at 0 s and 0 FLOPs)."""
+    df = load_run(run_dir)
+    df["train_flops"] = df.get("flops/step", pd.Series(0.0, index=df.index)).fillna(0.0).cumsum()
+    ev = df.dropna(subset=["eval/avg"])
+    out = pd.DataFrame({"step": ev["step"], "acc": ev["eval/avg"] * 100, "train_s": ev["wall_s"],
+                        "train_flops": ev["train_flops"]})
+    if not (out["step"] == 0).any() and pd.notna(start):
+        out = pd.concat([pd.DataFrame({"step": [0], "acc": [start], "train_s": [0.0], "train_flops": [0.0]}), out])
+    return out.reset_index(drop=True)
+
+
+def reach(evals: pd.DataFrame, target: float) -> pd.Series | None:
+    """The first evaluation at or above `target` (%) — what stopping there would cost —, or None if none is."""
+    hit = evals[evals["acc"] >= target - 1e-9]
+    return hit.iloc[0] if len(hit) else None
+
+
+def within(evals: pd.DataFrame, seconds: float) -> pd.Series | None:
+    """The last evaluation within `seconds` of training, when the run trained at least that long (else None: it
+    stopped before the budget, so its accuracy there is not known)."""
+    if evals["train_s"].iloc[-1] < seconds * (1 - 1e-9):
+        return None
+    return evals[evals["train_s"] <= seconds * (1 + 1e-9)].iloc[-1]
+
+
+EQUAL_COMPUTE = {"reached": "reached baseline's accuracy", "reach_min": "time to it (min)",
+                 "speedup_reach": "speed-up to it", "speedup_reach_flops": "speed-up to it (FLOPs)",
+                 "budget_frac": "trained (x baseline's time)", "acc_at_budget": "accuracy at baseline's time",
+                 "gain_at_budget": "gain at baseline's time"}
+TIMED_EQUAL_COMPUTE = ("reach_min", "speedup_reach", "acc_at_budget", "gain_at_budget")  # a busy pair moves these
+
+
+def equal_compute(runs: dict[str, list[Path]], baseline: str, seeds: pd.DataFrame) -> pd.DataFrame:
+    """One row per (label, seed), paired with the baseline of the same seed (its final accuracy a = the target, its
+    training time B = the budget): `reached` (some evaluation >= a), `reach_min` (training minutes to the first such
+    evaluation), `speedup_reach` / `speedup_reach_flops` (the baseline's own time / FLOPs to its first evaluation >= a,
+    over the run's), `budget_frac` (training time / B), `acc_at_budget` (% at the last evaluation within B; NaN when
+    the run trained less than B) and `gain_at_budget` (that minus a). `seeds`: per_seed()'s frame (acc/start, the
+    pairs' contended flags)."""
+    start = seeds.set_index(["label", "seed"])["acc/start"]
+    contended = seeds.set_index(["label", "seed"])["pair_contended"]
+    rows = []
+    for label, dirs in runs.items():
+        for d, base_dir in zip(dirs, runs[baseline]):
+            seed = int(Path(d).name[4:]) if Path(d).name.startswith("seed") else dirs.index(d)
+            run, base = curve(d, start[label, seed]), curve(base_dir, start[baseline, seed])
+            target, budget = base["acc"].iloc[-1], base["train_s"].iloc[-1]
+            base_hit, hit, at = reach(base, target), reach(run, target), within(run, budget)
+            rows.append({
+                "label": label, "seed": seed, "reached": hit is not None,
+                "reach_min": hit["train_s"] / 60 if hit is not None else float("nan"),
+                "speedup_reach": base_hit["train_s"] / hit["train_s"] if hit is not None and hit["train_s"] > 0 else float("nan"),
+                "speedup_reach_flops": base_hit["train_flops"] / hit["train_flops"]
+                if hit is not None and hit["train_flops"] > 0 else float("nan"),
+                "budget_frac": run["train_s"].iloc[-1] / budget,
+                "acc_at_budget": at["acc"] if at is not None else float("nan"),
+                "gain_at_budget": at["acc"] - target if at is not None else float("nan"),
+                "pair_contended": bool(contended.get((label, seed), False)),
+            })
+    return pd.DataFrame(rows)
+
+
+def aggregate_equal_compute(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per label: `reached` = seeds that reached the target, `seeds`; every other column's mean and `_ci` over the
+    seeds where it is defined (timed columns: over pairs that were not contended), `<col>_n` how many."""
+    out = {}
+    for label, g in rows.groupby("label", sort=False):
+        row = {"reached": int(g["reached"].sum()), "seeds": len(g)}
+        for c in (c for c in EQUAL_COMPUTE if c != "reached"):
+            v = g[c][~g["pair_contended"]] if c in TIMED_EQUAL_COMPUTE and (~g["pair_contended"]).any() else g[c]
+            v = v.dropna()
+            n = len(v)
+            row.update({c: v.mean() if n else float("nan"), f"{c}_n": n,
+                        f"{c}_ci": t_quantile(n - 1) * v.std(ddof=1) / n ** 0.5 if n > 1 else float("nan")})
+        out[label] = row
+    return pd.DataFrame.from_dict(out, orient="index")
+
+
+def markdown_equal_compute(summary: pd.DataFrame, baseline: str) -> str:
+    """T1's equal-compute columns: seeds that reached the baseline's final accuracy (k/n), then mean ± 95% CI of
+    each column over the seeds where it is defined ('(k)' when that is fewer than all)."""
+    body = pd.DataFrame(index=summary.index.rename(None))
+    for c, name in EQUAL_COMPUTE.items():
+        name = name.replace("baseline", baseline)
+        if c == "reached":
+            body[name] = [f"{int(k)}/{int(n)}" for k, n in zip(summary["reached"], summary["seeds"])]
+            continue
+        digits = 1 if c.startswith(("acc", "gain")) else 2
+        body[name] = [cell(m, ci, digits) + (f" ({int(k)})" if 0 < k < n else "")
+                      for m, ci, k, n in zip(summary[c], summary[f"{c}_ci"], summary[f"{c}_n"], summary["seeds"])]
+    return body.to_markdown(stralign="right")
 
 
 def t_quantile(dof: int) -> float:
@@ -143,14 +247,45 @@ def write(seeds: pd.DataFrame, name: str, caption: str, paper_key: str | None = 
 
 
 def table(runs: dict[str, list[Path]], baseline: str | dict[str, str], name: str, caption: str,
-          paper_key: str | None = None, out: Path = FIGURES, cpu_columns: bool = True) -> pd.DataFrame:
+          paper_key: str | None = None, out: Path = FIGURES, cpu_columns: bool = True,
+          at_equal_compute: bool = False, longer: tuple[str, ...] = ()) -> pd.DataFrame:
     """per_seed() -> write(): the summary table (one row per label), its caption naming the machine(s) the runs'
     clocks ran on; `cpu_columns` False for GPU runs: no contended pairs there (a rank's load meter counts the other
-    ranks of its node as other work, and the CPU is not what a GPU step waits for), every seed's speed-up counts."""
-    seeds = per_seed(runs, baseline)
+    ranks of its node as other work, and the CPU is not what a GPU step waits for), every seed's speed-up counts.
+    `at_equal_compute` appends equal_compute_table() of every run; `longer`: labels of runs that trained past the
+    table's epochs, left out of the equal-epoch table and kept in the equal-compute one."""
+    equal_epochs = {label: dirs for label, dirs in runs.items() if label not in longer}
+    seeds = per_seed(equal_epochs, baseline)
     if not cpu_columns:
         seeds = seeds.assign(contended=False, pair_contended=False)
-    return write(seeds, name, caption + machines(runs), paper_key, out, cpu_columns)
+    summary = write(seeds, name, caption + machines(equal_epochs), paper_key, out, cpu_columns)
+    if at_equal_compute:
+        equal_compute_table(runs, baseline, name, out, cpu_columns)
+    return summary
+
+
+def equal_compute_table(runs: dict[str, list[Path]], baseline: str, name: str, out: Path = FIGURES,
+                        cpu_columns: bool = True) -> pd.DataFrame:
+    """equal_compute() of every run against `baseline`: figures/<name>_equal_compute.csv (summary) and
+    _equal_compute_seeds.csv (per seed), and its table appended to <name>.md; returns the summary. `runs` may hold runs
+    that trained longer than the baseline (their accuracy at the baseline's time is defined; shorter runs' is not)."""
+    seeds = per_seed(runs, baseline)
+    if not cpu_columns:
+        seeds = seeds.assign(pair_contended=False)
+    rows = equal_compute(runs, baseline, seeds)
+    summary = aggregate_equal_compute(rows)
+    rows.to_csv(out / f"{name}_equal_compute_seeds.csv", index=False)
+    summary.to_csv(out / f"{name}_equal_compute.csv")
+    contended = (" Timed columns leave out contended pairs, as above." if cpu_columns and rows["pair_contended"].any()
+                 else "")
+    md = (out / f"{name}.md").read_text()
+    md = md.split("\n**At equal compute.**")[0].rstrip("\n") + "\n\n" + "\n".join([
+        f"**At equal compute.** Paired by seed with {baseline}: the training time and FLOPs to the first evaluation at "
+        f"or above {baseline}'s final accuracy, and the accuracy at the last evaluation within {baseline}'s training "
+        f"time (only runs that trained at least that long).{contended} Per seed: `{name}_equal_compute_seeds.csv`.",
+        "", markdown_equal_compute(summary, baseline), ""])
+    (out / f"{name}.md").write_text(md)
+    return summary
 
 
 def machines(runs: dict[str, list[Path]]) -> str:
@@ -199,6 +334,27 @@ def sentence(summary: pd.DataFrame, label: str, baseline: str, paper_key: str | 
                  f"{'our interval' if ci else 'ours'}, and its gain is "
                  f"{('inside' if glo <= gain <= ghi else 'outside') + ' our interval' if ci else 'to be compared'}.")
     return text
+
+
+def equal_compute_sentences(summary: pd.DataFrame, baseline: str) -> str:
+    """What the equal-compute table shows, in words: per row, the seeds that reached the baseline's final accuracy
+    and how much faster; per row that trained for the baseline's time, its accuracy there against the baseline's."""
+    lines = []
+    for label in summary.index.drop(baseline):
+        k, n = int(summary.loc[label, "reached"]), int(summary.loc[label, "seeds"])
+        text = f"**{label}** reaches {baseline}'s final accuracy in {k} of {n} seeds"
+        if k:
+            sp, lo, hi = interval(summary, label, "speedup_reach")
+            text += (f", {sp:.2f}x faster than {baseline} gets there" + (f" (95% CI {lo:.2f}-{hi:.2f})" if hi > lo else "")
+                     + f" ({summary.loc[label, 'speedup_reach_flops']:.2f}x in FLOPs)")
+        if pd.notna(summary.loc[label, "acc_at_budget"]):
+            g, glo, ghi = interval(summary, label, "gain_at_budget")
+            verdict = ("indistinguishable from zero" if glo <= 0 <= ghi else "better" if glo > 0 else "worse") \
+                if ghi > glo else "one seed"
+            text += (f"; trained for {baseline}'s time it scores {summary.loc[label, 'acc_at_budget']:.1f}, "
+                     f"{g:+.1f} points against {baseline}'s final accuracy (95% CI {glo:+.1f} to {ghi:+.1f}: {verdict})")
+        lines.append(f"- {text}.")
+    return "\n".join(lines)
 
 
 def sentences(summary: pd.DataFrame, baseline: str | dict[str, str], paper_key: str | None = None) -> str:

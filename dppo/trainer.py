@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import random
 import shutil
 import time
@@ -39,7 +40,7 @@ from dppo.distributed import all_gather, balance, pad_to, shard, shard_frozen, u
 from dppo.evaluation import evaluate, format_accuracy
 from dppo.history import PromptHistory
 from dppo.losses import policy_objective, zero_std_groups
-from dppo.machine import LoadMeter, describe
+from dppo.machine import LoadMeter, describe, free_cores
 from dppo.model import load_policy
 from dppo.packing import group_segments, pack_rows, packed_completion_logprobs, shared_prompt_logprobs, token_groups
 from dppo.pruning import build_pruner, prune_step
@@ -195,6 +196,7 @@ class Trainer:
                                        top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens,
                                        logprobs=cfg.rollout_is_correction != "none")
         self.step = 0
+        self.next_threads = os.cpu_count() or 1  # intra_op_threads -1 (auto): the first step assumes a quiet machine
         self.skipped_steps = self.skip_streak = self.zero_variance_streak = 0  # safeguards (§4.3)
         self.composer = StepComposer(PromptStream(len(self.train), cfg.seed, prompt_limit(cfg.epochs, len(self.train))),
                                      cfg.refill, cfg.refill_window or 2 * cfg.prompts_per_step, cfg.group_size,
@@ -298,6 +300,7 @@ class Trainer:
         timer.times["step"] = timer.now() - t_step
         timer.cpu["step"] = time.process_time() - c_step
         other_cores = load.stop()
+        self.next_threads = free_cores(other_cores)  # what `intra_op_threads: -1` computes the next step with
         self.flops["step"] = sum(self.flops.values())
         rewards, n_rows, n_rolled = step.rewards, len(step.rows), len(step.rolled)
         lengths = step.lengths.reshape(-1).float()
@@ -316,6 +319,7 @@ class Trainer:
             **stats, "skipped_steps": self.skipped_steps, **extra_stats, "lr": lr,
             **{f"timing_s/{k}": v for k, v in timer.times.items()}, **{f"cpu_s/{k}": v for k, v in timer.cpu.items()},
             **{f"flops/{k}": v for k, v in self.flops.items()}, "load/other_cores": other_cores,
+            "load/threads": torch.get_num_threads(),
             **({"memory/peak_gb": torch.cuda.max_memory_allocated() / 2**30} if cuda else {}),
         }
 
@@ -712,11 +716,13 @@ class Trainer:
 
     @contextmanager
     def threads(self):
-        """torch's intra-op threads set to `intra_op_threads` (when > 0) while this run computes, restored after: the
-        setting is process-wide, and runs trained in turn or other work in the process may use another."""
+        """torch's intra-op threads set to `intra_op_threads` (when > 0; -1: the cores other work left free during the
+        last step) while this run computes, restored after: the setting is process-wide, and runs trained in turn or
+        other work in the process may use another."""
         before = torch.get_num_threads()
-        if self.cfg.intra_op_threads:
-            torch.set_num_threads(self.cfg.intra_op_threads)
+        want = self.next_threads if self.cfg.intra_op_threads == -1 else self.cfg.intra_op_threads
+        if want:
+            torch.set_num_threads(want)
         try:
             yield
         finally:

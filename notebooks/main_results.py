@@ -18,8 +18,10 @@
 # Trains the methods from `experiments/cpu/*.yaml` (the same setup; only the pruner differs; DPPO includes Dense
 # Prompt Packing) over several seeds, then writes table T1 (per-split accuracy, average, time, speed-up in wall-clock,
 # CPU time and FLOPs: mean ± 95% CI over seeds, paired by seed) and figure F2 (accuracy and reward against training
-# wall-clock, mean with a 95% band). The estimator and each baseline's rule: `docs/method.md` §2; the speed-up
-# currencies: §5.1. At paper scale, point `configs` at `experiments/paper/*.yaml` (Qwen3-4B/8B, MATH) on GPUs.
+# wall-clock, mean with a 95% band). Then the same runs at equal compute: the time and FLOPs each method needs to
+# reach GRPO's final accuracy, and, from a DPPO run trained on for about GRPO's time (`long_epochs`), DPPO's accuracy
+# at GRPO's time budget. The estimator and each baseline's rule: `docs/method.md` §2; the speed-up currencies: §5.1;
+# equal compute: §6.2. At paper scale, point `configs` at `experiments/paper/*.yaml` (Qwen3-4B/8B, MATH) on GPUs.
 
 # %% tags=["parameters"]
 import os
@@ -31,6 +33,7 @@ launch = {}  # {accelerate_config, num_processes, launcher}: each run its own la
 results_dir = ""  # the run folders' root, under the profile's (experiments/results, or .../paper); "": that root
 smoke = os.environ.get("DPPO_SMOKE") == "1"
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
+long_epochs = 8  # epochs of the DPPO run trained for about GRPO's time (T1 at equal compute); 0: no such run
 
 # %%
 import pandas as pd
@@ -40,10 +43,12 @@ from dppo import figures, results, studies, tables
 
 if smoke:
     seeds = seeds[:2]  # two seeds still give intervals
-layout = studies.study_layouts("main_results", configs=configs, overrides=overrides)["T1"]
+layout = studies.study_layouts("main_results", configs=configs, overrides=overrides, long_epochs=long_epochs)["T1"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile)
 out = results.figures_dir(smoke, profile)
-t1 = tables.table(runs, "GRPO", "T1_main_results", studies.caption("T1", profile), "T1", out, cpu_columns=profile == "cpu")
+t1 = tables.table(runs, "GRPO", "T1_main_results", studies.caption("T1", profile), "T1", out,
+                  cpu_columns=profile == "cpu", at_equal_compute=True, longer=studies.longer_rows(layout))
+equal = pd.read_csv(out / "T1_main_results_equal_compute.csv", index_col=0)
 display(Markdown((out / "T1_main_results.md").read_text()))
 
 # %%
@@ -56,13 +61,16 @@ fig = figures.figure_f2(runs, out=out)
 
 # %%
 display(Markdown(tables.sentences(t1, "GRPO", "T1")))
+display(Markdown(tables.equal_compute_sentences(equal, "GRPO")))
 
 # %%
 for label, dirs in runs.items():
     for d in dirs:
         m = results.load_run(d)
         assert (d / "final" / "model.safetensors").is_file() and "eval/avg" in m, d
-assert t1["seeds"].eq(len(seeds)).all()
+assert t1["seeds"].eq(len(seeds)).all() and list(t1.index) == [k for k in layout if k not in studies.longer_rows(layout)]
+assert list(equal.index) == list(layout) and equal.loc["GRPO", "reached"] == len(seeds)  # GRPO reaches its own accuracy
+assert (equal["budget_frac"] > 0).all() and equal.loc["GRPO", "budget_frac"] == 1.0
 assert len(seeds) < 2 or t1["speedup_ci"].notna().all()  # intervals over >= 2 seeds (the paper profile runs 1)
 # What a wrong implementation would break, on every seed's steps: GRPO trains every rolled-out row with weight 1 (its
 # trained tokens are exactly its generated ones); DPPO trains a strict subset (completion pruning: fewer tokens

@@ -71,23 +71,27 @@ source_time = max(f.stat().st_mtime for f in Path(tables.__file__).parent.glob("
 compared = []
 
 
-def table(runs, base, name, caption, key):
+def table(runs, base, name, caption, key, **kwargs):
     """tables.table into `out`. At smoke size, where the test command has just run the study notebooks into a clean
     folder, a table of that name written after its runs and after the code that tabulates them was written by its study
     notebook: the rebuilt one must be the same file (what a study notebook showed is what this one shows). Full-size
     tables may come from other runs (results copied from elsewhere, another results_dir), so they are not compared."""
     text, written = before.get(name, ("", 0.0))
     inputs = max(d.joinpath("metrics.jsonl").stat().st_mtime for dirs in runs.values() for d in dirs)
-    result = tables.table(runs, base, name, caption, key, out, cpu_columns=profile == "cpu")
+    result = tables.table(runs, base, name, caption, key, out, cpu_columns=profile == "cpu", **kwargs)
     if smoke and written > max(inputs, source_time):
         assert (out / f"{name}.csv").read_text() == text, f"{name}: rebuilt from the same runs, the table differs"
+        if kwargs.get("at_equal_compute"):
+            same = (out / f"{name}_equal_compute.csv").read_text() == before[f"{name}_equal_compute"][0]
+            assert same, f"{name}: rebuilt from the same runs, the equal-compute table differs"
         compared.append(name)
     return result
 
 
 figures.figure_f1(out=out)
-if runs := have(layout("main_results", "T1"), "main_results"):
-    table(runs, "GRPO", "T1_main_results", studies.caption("T1", profile), "T1")
+if runs := have(t1 := layout("main_results", "T1"), "main_results"):
+    table(runs, "GRPO", "T1_main_results", studies.caption("T1", profile), "T1", at_equal_compute=True,
+          longer=studies.longer_rows(t1))
     figures.figure_f2(runs, out=out)
 if runs := have(layout("algorithms", "T2"), "algorithms"):
     table(runs, studies.T2_BASE, "T2_algorithms", studies.caption("T2", profile), "T2")

@@ -2,6 +2,7 @@
 
 import json
 
+import pandas as pd
 import pytest
 
 from dist_worker import FixedRollout
@@ -147,3 +148,92 @@ def test_table_columns_come_from_the_runs_eval_keys_and_gpu_tables_drop_cpu_colu
     assert results.results_root(False, "paper") == results.RESULTS / "paper"
     with pytest.raises(ValueError, match="parameter 'profile' must be one of"):
         results.figures_dir(False, "gpu")
+
+
+def _curve_run(path, step_s, step_flops, evals, steps, other_cores=0.02):
+    """A run of `steps` steps of `step_s` seconds and `step_flops` FLOPs, evaluated {step: accuracy (fraction)}."""
+    path.mkdir(parents=True)
+    rows = [{"step": 0, "eval/avg": evals[0]}] if 0 in evals else []
+    rows += [{"step": i, "epoch": i / 4, "timing_s/step": step_s, "cpu_s/step": step_s, "flops/step": step_flops,
+              "tokens/generated": 1, "tokens/trained": 1, "kept/prompt_frac": 1.0, "kept/completion_frac": 1.0,
+              "density/valid_token": 1.0, "load/other_cores": other_cores,
+              **({"eval/avg": evals[i]} if i in evals else {})} for i in range(1, steps + 1)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_equal_compute_time_to_the_baselines_accuracy_and_accuracy_at_its_time(tmp_path):
+    """Per seed: the target is GRPO's final accuracy, reached at the first evaluation at or above it (GRPO itself may
+    reach it before its end: its own time to it is the reference); the budget is GRPO's training time, and a run's
+    accuracy there is its last evaluation within it, defined only for runs that trained that long."""
+    runs = {
+        # seed 0: 10 s / step, evals 20% -> 40% (step 2, 20 s) -> 35% (end, 40 s): target 35, reached at 20 s
+        # seed 1: evals 20% -> 30% -> 50% (end): target 50, reached at 40 s
+        "GRPO": [_curve_run(tmp_path / "g/seed0", 10.0, 10.0, {0: 0.2, 2: 0.4, 4: 0.35}, 4),
+                 _curve_run(tmp_path / "g/seed1", 10.0, 10.0, {0: 0.2, 2: 0.3, 4: 0.5}, 4)],
+        # 4 s / step: seed 0 reaches 35 at step 4 (16 s); seed 1 never reaches 50
+        "DPPO": [_curve_run(tmp_path / "d/seed0", 4.0, 3.0, {2: 0.3, 4: 0.36}, 4),
+                 _curve_run(tmp_path / "d/seed1", 4.0, 3.0, {2: 0.3, 4: 0.45}, 4)],
+        # trained on past GRPO's 40 s: the accuracy at 40 s is step 10's (seed 0) / step 8's (seed 1: no eval at 10)
+        "DPPO, 12 epochs": [_curve_run(tmp_path / "l/seed0", 4.0, 3.0, {4: 0.3, 8: 0.38, 10: 0.41, 12: 0.45}, 12),
+                            _curve_run(tmp_path / "l/seed1", 4.0, 3.0, {4: 0.3, 8: 0.52, 11: 0.6, 12: 0.7}, 12)],
+    }
+    seeds = tables.per_seed(runs, "GRPO")
+    rows = tables.equal_compute(runs, "GRPO", seeds).set_index(["label", "seed"])
+    assert rows.loc[("GRPO", 0), "reached"] and rows.loc[("GRPO", 0), "reach_min"] == pytest.approx(20 / 60)
+    assert rows.loc[("GRPO", 1), "reach_min"] == pytest.approx(40 / 60)
+    assert rows.loc[("DPPO", 0), "speedup_reach"] == pytest.approx(20 / 16)
+    assert rows.loc[("DPPO", 0), "speedup_reach_flops"] == pytest.approx(20 / 12)
+    assert not rows.loc[("DPPO", 1), "reached"] and pd.isna(rows.loc[("DPPO", 1), "speedup_reach"])
+    assert rows.loc[("DPPO", 0), "budget_frac"] == pytest.approx(0.4) and pd.isna(rows.loc[("DPPO", 0), "acc_at_budget"])
+    long0, long1 = rows.loc["DPPO, 12 epochs"].loc[0], rows.loc["DPPO, 12 epochs"].loc[1]
+    assert long0["speedup_reach"] == pytest.approx(20 / 32) and long1["speedup_reach"] == pytest.approx(40 / 32)
+    assert long0["acc_at_budget"] == pytest.approx(41.0) and long0["gain_at_budget"] == pytest.approx(6.0)
+    assert long1["acc_at_budget"] == pytest.approx(52.0) and long1["gain_at_budget"] == pytest.approx(2.0)
+    assert rows.loc[("GRPO", 0), "acc_at_budget"] == pytest.approx(35.0)  # the baseline at its own budget: its final
+    summary = tables.aggregate_equal_compute(rows.reset_index())
+    assert summary.loc["DPPO", "reached"] == 1 and summary.loc["DPPO", "speedup_reach_n"] == 1
+    assert summary.loc["DPPO, 12 epochs", "gain_at_budget"] == pytest.approx(4.0)
+    assert summary.loc["DPPO, 12 epochs", "gain_at_budget_ci"] == pytest.approx(12.706205 * 2, rel=1e-6)
+    md = tables.markdown_equal_compute(summary, "GRPO")
+    assert "1/2" in md and "accuracy at GRPO's time" in md and "1.25 (1)" in md
+    # the longer run is in the equal-compute table only; T1's equal-epoch table keeps its rows
+    out = tmp_path / "figures"
+    t1 = tables.table(runs, "GRPO", "T1", "caption", out=out, at_equal_compute=True, longer=("DPPO, 12 epochs",))
+    assert list(t1.index) == ["GRPO", "DPPO"]
+    text = (out / "T1.md").read_text()
+    assert text.count("DPPO, 12 epochs") == 1 and "**At equal compute.**" in text
+    assert list(pd.read_csv(out / "T1_equal_compute.csv", index_col=0).index) == list(runs)
+    tables.table(runs, "GRPO", "T1", "caption", out=out, at_equal_compute=True, longer=("DPPO, 12 epochs",))
+    assert (out / "T1.md").read_text() == text  # written again, not appended twice
+    sentence = tables.equal_compute_sentences(summary, "GRPO")
+    assert "**DPPO** reaches GRPO's final accuracy in 1 of 2 seeds, 1.25x faster" in sentence
+    assert "+4.0 points against GRPO's final accuracy" in sentence
+
+
+def test_equal_compute_leaves_contended_pairs_out_of_its_timed_columns(tmp_path):
+    runs = {"GRPO": [_curve_run(tmp_path / f"g/seed{s}", 10.0, 10.0, {0: 0.2, 4: 0.3}, 4) for s in range(3)],
+            "DPPO": [_curve_run(tmp_path / f"d/seed{s}", 4.0 if s else 9.0, 3.0, {4: 0.3}, 4, other_cores=1.0 if s == 0 else 0.02)
+                     for s in range(3)]}
+    seeds = tables.per_seed(runs, "GRPO")
+    summary = tables.aggregate_equal_compute(tables.equal_compute(runs, "GRPO", seeds))
+    assert summary.loc["DPPO", "speedup_reach"] == pytest.approx(2.5) and summary.loc["DPPO", "speedup_reach_n"] == 2
+    assert summary.loc["DPPO", "speedup_reach_flops"] == pytest.approx(10 / 3) and summary.loc["DPPO", "speedup_reach_flops_n"] == 3
+
+
+def test_other_work_on_the_cores_a_run_left_free_does_not_contend_it(tmp_path):
+    """A one-thread run on 2 cores leaves a core free: another job on it (0.9 cores) does not slow the run, so the pair
+    keeps its speed-up; other work beyond the free core (1.4 cores: it took from the run's) flags it. A run with a
+    thread per core has no free core: 0.3 cores of other work flag it."""
+    def run(path, threads, other):
+        p = _fake_run(path, wall=4.0, cpu=4.0 * min(threads, 2 - max(0.0, other - (2 - threads))), flops=3.0,
+                      other_cores=(other, other))
+        (p / "machine.json").write_text(json.dumps({"cores": 2, "threads": threads}))
+        return p
+    runs = {"GRPO": [run(tmp_path / "g1", 1, 0.02), run(tmp_path / "g2", 2, 0.02)],
+            "one thread, a job on the free core": [run(tmp_path / "a", 1, 0.9), run(tmp_path / "a2", 2, 0.02)],
+            "one thread, more than the free core": [run(tmp_path / "b", 1, 1.4), run(tmp_path / "b2", 2, 0.02)],
+            "two threads, a little other work": [run(tmp_path / "c", 1, 0.02), run(tmp_path / "c2", 2, 0.3)]}
+    seeds = tables.per_seed(runs, "GRPO")
+    assert list(seeds["load/spare_cores"]) == [1.0, 0.0] * 4
+    assert list(seeds["contended"]) == [False, False, False, False, True, False, False, True]

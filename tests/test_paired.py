@@ -86,8 +86,8 @@ def test_a_competing_process_is_caught_and_a_quiet_run_is_not(tmp_path, embedded
 
 
 def test_intra_op_threads_hold_while_the_run_computes_and_are_restored(tmp_path, embedded):
-    """`intra_op_threads: 1` (the CPU experiments' setting): every step computes with one thread; the process's own
-    setting is back afterwards (runs trained in turn, or other work in the process, keep theirs)."""
+    """`intra_op_threads: 1`: every step computes with one thread; the process's own setting is back afterwards (runs
+    trained in turn, or other work in the process, keep theirs)."""
     import os
 
     import pytest
@@ -107,3 +107,32 @@ def test_intra_op_threads_hold_while_the_run_computes_and_are_restored(tmp_path,
     finally:
         Trainer.train_step = real_step
     assert seen == [1, 1] and torch.get_num_threads() == before > 1
+
+
+def test_auto_threads_follow_the_cores_other_work_left_free(tmp_path, embedded, monkeypatch):
+    """`intra_op_threads: -1` (the CPU experiments' setting): a step computes with a thread per core the previous step
+    found free — all of them on a quiet machine, one fewer after a step in which another job took a core (the meter
+    reads 1.0 for step 2 here), all again once it is gone; `load/threads` logs what each step used."""
+    import os
+
+    import pytest
+
+    from dppo import machine, trainer
+
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        pytest.skip("one core: auto is always one thread")
+    assert [machine.free_cores(o, 2) for o in (0.0, 0.2, 0.3, 0.9, 1.0, 1.9)] == [2, 2, 1, 1, 1, 1]
+    assert [machine.free_cores(o, 8) for o in (0.0, 0.24, 0.26, 3.1, 9.0)] == [8, 8, 7, 5, 1]
+    readings = iter([0.01, 1.0, 0.01, 0.01])
+
+    class Meter(machine.LoadMeter):
+        def stop(self):
+            super().stop()
+            return next(readings)
+
+    monkeypatch.setattr(trainer, "LoadMeter", Meter)
+    before = torch.get_num_threads()
+    Trainer(TrainConfig(output_dir=str(tmp_path), max_steps=4, eval_every=1000, intra_op_threads=-1, **SMALL)).fit()
+    used = [r["load/threads"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    assert used == [cores, cores, cores - 1, cores] and torch.get_num_threads() == before
