@@ -7,7 +7,8 @@ order: paired), in three currencies (docs/method.md §5.1): wall-clock (`speedup
 `OTHER_CORES_LIMIT` cores on average beyond those the run left free (`load/other_cores` over `load/spare_cores`: the
 machine's cores minus the run's intra-op threads; dppo.machine) while it trained, or when the core share of its
 threads (CPU / wall / threads) falls below 3/4 of the table's median; a pair (a run and its baseline of the same
-seed) is contended when either is, and its wall-clock and CPU speed-ups are left out of the means (FLOPs never are).
+seed) is contended when either is or when the two met other work differing by more than `UNEVEN_LIMIT` cores (beyond
+their spare ones: short bursts that fell on one side's steps), and its wall-clock and CPU speed-ups are left out of the means (FLOPs never are).
 Accuracy is the final Pass@1 (%) averaged over the held-out splits; `acc_gain` is the paired difference to the baseline. Over n seeds a cell is
 mean +- t_{0.975, n-1} s / sqrt(n) (Student's t).
 
@@ -29,6 +30,7 @@ from dppo.studies import FIGURES, PAPER, PAPER_GAIN, PAPER_SPEEDUP
 SPEEDUPS = {"speedup": "train_s", "speedup_cpu": "train_cpu_s", "speedup_flops": "train_flops"}
 TIMED = ("speedup", "speedup_cpu")  # the speed-ups a busy machine moves: contended pairs are left out of their means
 OTHER_CORES_LIMIT = 0.25  # a quiet machine: a few hundredths of a core; one competing CPU-bound process: about 1
+UNEVEN_LIMIT = 0.1  # a pair whose two runs met other work differing by more than this (cores beyond their spare ones)
 # The markdown table: what the paper's tables show (accuracy per benchmark or split, average, time, speed-up), here
 # with the speed-up in wall-clock and FLOPs and, on CPU, process CPU time; every other column stays in the CSV.
 MD_COLUMNS = {"acc/avg": "avg", "acc_gain": "gain", "train_min": "time (min)", "speedup": "speed-up",
@@ -65,7 +67,11 @@ def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str]) -> pd.
     df["contended"] = (df["load/other_cores"] > df["load/spare_cores"] + OTHER_CORES_LIMIT) | \
         (per_thread < 0.75 * per_thread.median())
     flagged = set(zip(df["label"][df["contended"]], df["seed"][df["contended"]]))
+    # a pair is also contended when its two runs met unequal load: short bursts of other work that fell on one side's
+    # steps (in turn, only bursts longer than a few steps hit both alike)
+    excess = dict(zip(zip(df["label"], df["seed"]), (df["load/other_cores"] - df["load/spare_cores"]).clip(lower=0.0)))
     df["pair_contended"] = [(label, seed) in flagged or (base_of[label], seed) in flagged
+                            or abs(excess[label, seed] - excess[base_of[label], seed]) > UNEVEN_LIMIT
                             for label, seed in zip(df["label"], df["seed"])]
     return df
 
@@ -84,8 +90,10 @@ def curve(run_dir: str | Path, start: float = float("nan")) -> pd.DataFrame:
 
 
 def reach(evals: pd.DataFrame, target: float) -> pd.Series | None:
-    """The first evaluation at or above `target` (%) — what stopping there would cost —, or None if none is."""
-    hit = evals[evals["acc"] >= target - 1e-9]
+    """The first evaluation after training began at or above `target` (%) — what stopping there would cost —, or None
+    if none is. The initial model does not count: where training lowered the baseline's accuracy below its start, the
+    target is still the first trained evaluation that scores it, not time 0."""
+    hit = evals[(evals["step"] > 0) & (evals["acc"] >= target - 1e-9)]
     return hit.iloc[0] if len(hit) else None
 
 

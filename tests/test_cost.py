@@ -211,6 +211,16 @@ def test_equal_compute_time_to_the_baselines_accuracy_and_accuracy_at_its_time(t
     assert "+4.0 points against GRPO's final accuracy" in sentence
 
 
+def test_equal_compute_never_counts_the_initial_model_as_reaching_the_target(tmp_path):
+    """GRPO ended below its start (50% -> 40%): the target 40 is reached by the first trained evaluation at or above
+    it (GRPO: step 4, 40 s; DPPO: step 2, 8 s), not by the shared initial model at time 0."""
+    runs = {"GRPO": [_curve_run(tmp_path / "g/seed0", 10.0, 10.0, {0: 0.5, 2: 0.3, 4: 0.4}, 4)],
+            "DPPO": [_curve_run(tmp_path / "d/seed0", 4.0, 3.0, {2: 0.45, 4: 0.3}, 4)]}
+    rows = tables.equal_compute(runs, "GRPO", tables.per_seed(runs, "GRPO")).set_index("label")
+    assert rows.loc["GRPO", "reach_min"] == pytest.approx(40 / 60) and rows.loc["DPPO", "reach_min"] == pytest.approx(8 / 60)
+    assert rows.loc["DPPO", "speedup_reach"] == pytest.approx(5.0) and rows.loc["DPPO", "speedup_reach_flops"] == pytest.approx(40 / 6)
+
+
 def test_equal_compute_leaves_contended_pairs_out_of_its_timed_columns(tmp_path):
     runs = {"GRPO": [_curve_run(tmp_path / f"g/seed{s}", 10.0, 10.0, {0: 0.2, 4: 0.3}, 4) for s in range(3)],
             "DPPO": [_curve_run(tmp_path / f"d/seed{s}", 4.0 if s else 9.0, 3.0, {4: 0.3}, 4, other_cores=1.0 if s == 0 else 0.02)
@@ -237,3 +247,14 @@ def test_other_work_on_the_cores_a_run_left_free_does_not_contend_it(tmp_path):
     seeds = tables.per_seed(runs, "GRPO")
     assert list(seeds["load/spare_cores"]) == [1.0, 0.0] * 4
     assert list(seeds["contended"]) == [False, False, False, False, True, False, False, True]
+
+
+def test_a_pair_whose_runs_met_unequal_load_is_contended(tmp_path):
+    """Short bursts of other work that fell on one run's steps only (0.23 cores on DPPO's side, 0.03 on GRPO's; each
+    below the run limit): the pair is contended; a pair that met the same moderate load is not."""
+    runs = {"GRPO": [_fake_run(tmp_path / f"g{s}", wall=8.0, cpu=8.0, flops=9.0, other_cores=(o, o))
+                     for s, o in enumerate((0.03, 0.2))],
+            "DPPO": [_fake_run(tmp_path / f"d{s}", wall=4.0, cpu=4.0, flops=3.0, other_cores=(o, o))
+                     for s, o in enumerate((0.23, 0.2))]}
+    seeds = tables.per_seed(runs, "GRPO")
+    assert not seeds["contended"].any() and list(seeds["pair_contended"]) == [False, False, True, False]
