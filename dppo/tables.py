@@ -49,8 +49,8 @@ def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str]) -> pd.
     rows = []
     for label, seeds in summary.items():
         for i, row in enumerate(seeds):
-            base, folder = summary[base_of[label]][i], Path(runs[label][i]).name
-            row = {"label": label, "seed": int(folder[4:]) if folder.startswith("seed") else i, **row}
+            base = summary[base_of[label]][i]
+            row = {"label": label, "seed": _seed_of(runs[label][i], i), **row}
             if pd.isna(row["acc/start"]):  # the baseline's, else the table's first row's (same initial model)
                 row["acc/start"] = base["acc/start"] if pd.notna(base["acc/start"]) else first[i]["acc/start"]
             row.update({k: base[col] / row[col] for k, col in SPEEDUPS.items()})
@@ -123,8 +123,8 @@ def equal_compute(runs: dict[str, list[Path]], baseline: str, seeds: pd.DataFram
     contended = seeds.set_index(["label", "seed"])["pair_contended"]
     rows = []
     for label, dirs in runs.items():
-        for d, base_dir in zip(dirs, runs[baseline]):
-            seed = int(Path(d).name[4:]) if Path(d).name.startswith("seed") else dirs.index(d)
+        for i, (d, base_dir) in enumerate(zip(dirs, runs[baseline])):
+            seed = _seed_of(d, i)
             run, base = curve(d, start[label, seed]), curve(base_dir, start[baseline, seed])
             target, budget = base["acc"].iloc[-1], base["train_s"].iloc[-1]
             base_hit, hit, at = reach(base, target), reach(run, target), within(run, budget)
@@ -145,17 +145,19 @@ def equal_compute(runs: dict[str, list[Path]], baseline: str, seeds: pd.DataFram
 def aggregate_equal_compute(rows: pd.DataFrame) -> pd.DataFrame:
     """Per label: `reached` = seeds that reached the target, `seeds`; every other column's mean and `_ci` over the
     seeds where it is defined (timed columns: over pairs that were not contended), `<col>_n` how many."""
-    out = {}
-    for label, g in rows.groupby("label", sort=False):
-        row = {"reached": int(g["reached"].sum()), "seeds": len(g)}
-        for c in (c for c in EQUAL_COMPUTE if c != "reached"):
-            v = g[c][~g["pair_contended"]] if c in TIMED_EQUAL_COMPUTE and (~g["pair_contended"]).any() else g[c]
-            v = v.dropna()
-            n = len(v)
-            row.update({c: v.mean() if n else float("nan"), f"{c}_n": n,
-                        f"{c}_ci": t_quantile(n - 1) * v.std(ddof=1) / n ** 0.5 if n > 1 else float("nan")})
-        out[label] = row
-    return pd.DataFrame.from_dict(out, orient="index")
+    columns = [c for c in EQUAL_COMPUTE if c != "reached"]
+    out = _mean_and_interval(rows, columns)
+    timed = rows[~rows["pair_contended"]]
+    quiet = _mean_and_interval(timed, list(TIMED_EQUAL_COMPUTE))
+    for label in quiet.index:  # labels with every pair contended keep every seed, as aggregate() does
+        out.loc[label, [*TIMED_EQUAL_COMPUTE, *(f"{c}_ci" for c in TIMED_EQUAL_COMPUTE)]] = \
+            quiet.loc[label, [*TIMED_EQUAL_COMPUTE, *(f"{c}_ci" for c in TIMED_EQUAL_COMPUTE)]].to_numpy()
+    g = rows.groupby("label", sort=False)
+    counts = g[columns].count()
+    counts.loc[quiet.index, list(TIMED_EQUAL_COMPUTE)] = timed.groupby("label", sort=False)[list(TIMED_EQUAL_COMPUTE)].count()
+    out = out.join(counts.add_suffix("_n"))
+    out["reached"], out["seeds"] = g["reached"].sum().astype(int), g.size()
+    return out
 
 
 def markdown_equal_compute(summary: pd.DataFrame, baseline: str) -> str:
@@ -171,6 +173,12 @@ def markdown_equal_compute(summary: pd.DataFrame, baseline: str) -> str:
         body[name] = [cell(m, ci, digits) + (f" ({int(k)})" if 0 < k < n else "")
                       for m, ci, k, n in zip(summary[c], summary[f"{c}_ci"], summary[f"{c}_n"], summary["seeds"])]
     return body.to_markdown(stralign="right")
+
+
+def _seed_of(run_dir: str | Path, i: int) -> int:
+    """A run folder's seed: N of `seedN`, else its position in the table's list."""
+    name = Path(run_dir).name
+    return int(name[4:]) if name.startswith("seed") else i
 
 
 def t_quantile(dof: int) -> float:
@@ -204,9 +212,9 @@ def aggregate(seeds: pd.DataFrame) -> pd.DataFrame:
 def _mean_and_interval(seeds: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     """Per label: mean of `columns` and `<col>_ci`, the 95% half-width (NaN for one seed)."""
     g = seeds.groupby("label", sort=False)
-    mean, n = g[columns].mean(), g.size()
-    half = g[columns].std(ddof=1).mul([t_quantile(k - 1) if k > 1 else float("nan") for k in n], axis=0) \
-        .div(n.pow(0.5), axis=0)
+    mean, n = g[columns].mean(), g[columns].count()  # n per column: a value undefined for a seed (NaN) is not counted
+    t = n.map(lambda k: t_quantile(k - 1) if k > 1 else float("nan"))
+    half = g[columns].std(ddof=1) * t / n.pow(0.5)
     return mean.join(half.add_suffix("_ci"))
 
 
