@@ -18,7 +18,7 @@ import yaml
 
 from dppo.composition import REFILL_MODES
 from dppo.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
-from dppo.pruning import INCLUSION_RULES, NORMALISERS, PRUNER_FIELDS, PRUNERS, SAMPLING_MODES
+from dppo.pruning import INCLUSION_RULES, NORMALISERS, PRUNER_FIELDS, PRUNERS, SAMPLING_MODES, SIZE_PROXIES
 
 
 # config dtype -> the autocast compute dtype over fp32 master weights (None: plain fp32)
@@ -122,12 +122,20 @@ class TrainConfig:
     abs_adv_threshold: float = _f(0.1, "Threshold of the abs_adv prompt candidate rule.")
     inclusion: str = _f("uniform", "DPPO's inclusion probabilities (docs/method.md §2.10): uniform = candidates kept with "
                         "1 - r (the paper); proportional = every item kept independently with pi ~ a gradient-size "
-                        "proxy (completions: |A| times the aggregation's length weight, + the KL term's share; prompts: "
-                        "mean |A| at the last visit), at the uniform rule's expected kept count; rows with A = 0 and "
-                        "kl_coef 0 are dropped (pi = 0, exact: their loss is zero for every theta).",
-                        choices=INCLUSION_RULES)
+                        "proxy (size_proxy; prompts: its mean over the last visit's completions), at the uniform "
+                        "rule's expected kept count; rows with A = 0 and kl_coef 0 are dropped (pi = 0, exact: their "
+                        "loss is zero for every theta).", choices=INCLUSION_RULES)
     inclusion_floor: float = _f(0.1, "proportional: the smallest inclusion probability pi_min of an item that may "
                                 "carry gradient (weights stay <= 1 / pi_min).")
+    size_proxy: str = _f("logit_rms", "proportional: the completion's gradient-size proxy, sqrt(A^2 + 2 kl_coef^2 KL) "
+                         "times a sequence factor (docs/method.md §2.10): logit_rms = sqrt(sum_t (1 - p_t)^2) over the "
+                         "sampled tokens (the rollout then returns their log-probs), logit_sum = sum_t (1 - p_t), "
+                         "length = sqrt(|o|), adv = |o| (|A| alone); each divided by |o| for seq-mean-token-mean. "
+                         "The default and uniform_mix's were chosen together on F3's selection batches.",
+                         choices=tuple(SIZE_PROXIES))
+    uniform_mix: float = _f(0.25, "proportional: lambda in pi = (1 - lambda) pi_proportional + lambda pi_uniform "
+                            "(same budget). lambda > 0 bounds every weight by 1/lambda times the uniform rule's "
+                            "(docs/method.md §2.10).")
     cppo_per_group: bool = _f(True, "CPPO: top-|A| per group (true) or over the whole batch (false).")
     cppo_allocation: bool = _f(True, "CPPO: roll out ceil(B / (1 - P)) prompts per step so ~B*G completions train.")
     dapo_max_rounds: int = _f(4, "DAPO dynamic sampling: at most this many rollout rounds to fill B informative groups.")
@@ -339,6 +347,7 @@ def check_pruning_fields(cfg) -> None:
     for name in ("prompt_prune_rate", "completion_prune_rate"):
         _check(0 <= float(getattr(cfg, name)) < 1, name, "a number in [0, 1)", getattr(cfg, name))
     _check(0 < cfg.inclusion_floor <= 1, "inclusion_floor", "a number in (0, 1]", cfg.inclusion_floor)
+    _check(0 <= cfg.uniform_mix <= 1, "uniform_mix", "a number in [0, 1]", cfg.uniform_mix)
     _check(cfg.inclusion == "uniform" or cfg.prune_sampling == "bernoulli", "prune_sampling",
            "bernoulli with inclusion proportional (Poisson sampling: each item independently)", cfg.prune_sampling)
 

@@ -79,13 +79,19 @@ def figure_f2(runs: dict[str, list[Path]], baseline: str = "GRPO", name: str = "
     save_figure(fig, name, out)
     return fig
 
-def figure_f3(results_dir: str | Path, name: str = "F3_gradient_variance", out: Path = FIGURES):
-    """Variance (relative to ||grad L||^2) vs rate, measured and closed form; bias in standard errors."""
+def figure_f3(results_dir: str | Path, name: str = "F3_gradient_variance", out: Path = FIGURES,
+              rules: list[str] | None = None):
+    """Variance (relative to ||grad L||^2) vs rate, measured and closed form; bias in standard errors; and, from
+    proxies.csv when present, each of `rules` (proportional rules by name) and the oracle against the uniform rule
+    over the report batches (median, min-max band)."""
     plt = _plt()
     df = pd.read_csv(Path(results_dir) / "variance.csv")
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    proxies = Path(results_dir) / "proxies.csv"
+    fig, axes = plt.subplots(1, 3 if proxies.exists() else 2, figsize=(15 if proxies.exists() else 10, 3.6))
+    ax1, ax2 = axes[:2]
     for est, style in (("DPPO (r_q = r_o = r)", "o-"), ("DPPO prompt only (r_q = r)", "s-"),
-                       ("DPPO completion only (r_o = r)", "^-"), ("DPPO proportional (same budget)", "D-")):
+                       ("DPPO completion only (r_o = r)", "^-"), ("DPPO proportional (same budget)", "D-"),
+                       ("DPPO oracle (same budget)", "*-")):
         d = df[df["estimator"] == est]
         if d.empty:  # a CSV written before the proportional rule
             continue
@@ -106,6 +112,19 @@ def figure_f3(results_dir: str | Path, name: str = "F3_gradient_variance", out: 
     ax2.set(yscale="log", xlabel="pruning rate r", ylabel="||E[grad L_hat] - grad L|| / ||grad L||",
             title="bias (DPPO: Monte-Carlo noise only)")
     ax2.legend(fontsize=7)
+    if proxies.exists():
+        ratios = pd.read_csv(proxies).query("split == 'report'")
+        ax3 = axes[2]
+        for rule in dict.fromkeys([*(rules or []), "proportional, adv, mix 0", "oracle"]):  # in order, once each
+            d = ratios[ratios["rule"] == rule].groupby("rate")["ratio"]
+            if not len(d):
+                continue
+            line, = ax3.plot(d.median().index, d.median(), "o-", label=rule)
+            ax3.fill_between(d.median().index, d.min(), d.max(), color=line.get_color(), alpha=0.15, lw=0)
+        ax3.axhline(1.0, color="k", ls=":", lw=1, label="uniform rule (the paper's)")
+        ax3.set(yscale="log", xlabel="pruning rate r", ylabel="variance / the uniform rule's",
+                title=f"same budget, {ratios['batch_seed'].nunique()} batches (median, range)")
+        ax3.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, name, out)
     return fig

@@ -15,6 +15,7 @@ class PromptRecord:
     reward_std: float = 0.0
     zero_variance: bool = False  # all G rewards equal at the last visit
     mean_abs_adv: float = 0.0
+    mean_size: float = 0.0  # mean gradient-size proxy of the completions at the last visit (|A| if none was used)
     mean_length: float = 0.0  # mean completion length (tokens) at the last visit
     easy_streak: int = 0  # most recent consecutive all-correct visits (GRESO's z for easy prompts)
     hard_streak: int = 0  # most recent consecutive all-wrong visits
@@ -30,8 +31,9 @@ class PromptHistory:
         return self.records.get(key)
 
     def update(self, key: int, rewards: list[float], abs_adv: list[float], lengths: list[int], step: int,
-               max_reward: float = 1.0) -> None:
-        """Record one rollout of prompt `key`: its G rewards, |A| and completion lengths."""
+               max_reward: float = 1.0, sizes: list[float] | None = None) -> None:
+        """Record one rollout of prompt `key`: its G rewards, |A|, completion lengths and (when the completion
+        stage used one) gradient-size proxies."""
         g = len(rewards)
         mean = sum(rewards) / g
         std = (sum((r - mean) ** 2 for r in rewards) / max(1, g - 1)) ** 0.5
@@ -43,6 +45,7 @@ class PromptHistory:
         rec.last_step = step
         rec.reward_mean, rec.reward_std, rec.zero_variance = mean, std, zero_var
         rec.mean_abs_adv = sum(abs_adv) / g
+        rec.mean_size = sum(sizes) / g if sizes is not None else rec.mean_abs_adv
         rec.mean_length = sum(lengths) / g
         rec.easy_streak = rec.easy_streak + 1 if all_correct else 0
         rec.hard_streak = rec.hard_streak + 1 if all_wrong else 0
@@ -61,4 +64,4 @@ class PromptHistory:
         return {str(k): asdict(v) for k, v in self.records.items()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.records = {int(k): PromptRecord(**v) for k, v in state.items()}
+        self.records = {int(k): PromptRecord(**{"mean_size": v["mean_abs_adv"], **v}) for k, v in state.items()}

@@ -11,8 +11,8 @@ Sampling modes, both exact:
   * "bernoulli":   each candidate is kept independently with pi = 1 - r;
   * "fixed_count": k = floor(r n) of the n candidates are dropped, a uniformly random subset; pi = (n - k)/n.
 Non-candidates are always kept (pi = 1). DPPO's `inclusion="proportional"` instead keeps every item
-independently (Poisson sampling) with pi proportional to a gradient-size proxy, at the uniform rule's expected
-budget (`proportional_probs`, §2.10).
+independently (Poisson sampling) with pi proportional to a gradient-size proxy (`SIZE_PROXIES`), at the uniform
+rule's expected budget (`proportional_probs`), optionally mixed with the uniform rule's probabilities (§2.10).
 
 `prune_step` is the one place a step's stages run in order (prompt stage -> rollout -> full-group advantages
 -> completion stage -> weights and normaliser); the trainer, `dppo.variance` and the tests all call it.
@@ -31,6 +31,29 @@ from dppo.losses import ADVANTAGES
 SAMPLING_MODES = ("bernoulli", "fixed_count")
 NORMALISERS = ("covered", "fixed")
 INCLUSION_RULES = ("uniform", "proportional")
+
+# ------------------------------------------------------------------ gradient-size proxies (docs/method.md §2.10)
+# A completion's loss gradient is sum_t c_t grad log p(o_t) / (|o| for seq-mean-token-mean), with c_t the advantage's
+# and the KL term's coefficient; grad log p(o_t) w.r.t. the logits is onehot - p, of size (1 - p_t) to within sqrt(2).
+# A proxy is the sequence factor F [K, G] of size = sqrt(A^2 + 2 beta^2 k) * F / (|o| or 1): how the tokens' gradients
+# add up, from the lengths [K, G] and `logit_grad` [K, G, 2] = (sum_t (1 - p_t), sqrt(sum_t (1 - p_t)^2)).
+SIZE_PROXIES: dict[str, Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]] = {
+    "adv": lambda lengths, logit_grad: lengths,  # tokens' gradients aligned, of one size: |A| alone (per token)
+    "length": lambda lengths, logit_grad: lengths.sqrt(),  # orthogonal, of one size
+    "logit_rms": lambda lengths, logit_grad: logit_grad[..., 1],  # orthogonal, each of size 1 - p_t
+    "logit_sum": lambda lengths, logit_grad: logit_grad[..., 0],  # aligned, each of size 1 - p_t
+}
+NEEDS_LOGPROBS = ("logit_rms", "logit_sum")  # proxies that read the sampled tokens' log-probs
+
+
+def logit_grad_sizes(logprobs: list[torch.Tensor], group_size: int) -> torch.Tensor:
+    """[K, G, 2] float64: (sum_t (1 - p_t), sqrt(sum_t (1 - p_t)^2)) over each completion's sampled tokens, from
+    their sampling log-probs (K*G rows, each [len]; p_t = exp(log-prob))."""
+    out = torch.zeros(len(logprobs), 2, dtype=torch.float64)
+    for r, lp in enumerate(logprobs):
+        doubt = 1.0 - lp.detach().to("cpu", torch.float64).exp()
+        out[r, 0], out[r, 1] = doubt.sum(), doubt.square().sum().sqrt()
+    return out.view(-1, group_size, 2)
 
 
 def inclusion_probs(candidates: torch.Tensor, rate: float, mode: str) -> torch.Tensor:
@@ -175,6 +198,7 @@ def kept_normaliser(loss_agg: str, keep: torch.Tensor, rolled_lengths: torch.Ten
 class Selection:
     keep: torch.Tensor  # bool, [B] (prompt stage) or [B, G] (completion stage)
     pi: torch.Tensor  # float64 inclusion probability, same shape
+    size: torch.Tensor | None = None  # the gradient-size proxy the probabilities followed, if any (same shape)
 
 
 class Pruner:
@@ -206,7 +230,9 @@ class Pruner:
         return Selection(torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=torch.float64))
 
     def select_completions(self, rewards: torch.Tensor, adv: torch.Tensor, gen: torch.Generator,
-                           lengths: torch.Tensor | None = None) -> Selection:
+                           lengths: torch.Tensor | None = None, logit_grad: torch.Tensor | None = None) -> Selection:
+        """Completion stage on full-group advantages; rewards, adv, lengths [K, G], logit_grad [K, G, 2] (see
+        `logit_grad_sizes`; None when the rollout returned no log-probs)."""
         return Selection(torch.ones_like(adv, dtype=torch.bool), torch.ones_like(adv, dtype=torch.float64))
 
     def loss_weights(self, prompts: Selection, completions: Selection) -> torch.Tensor:
@@ -231,7 +257,7 @@ class Pruner:
 class DPPO(Pruner):
     """Dynamic Pruning Policy Optimization: random inclusion at both stages, 1/pi weights (§2.3). `inclusion`
     "uniform" keeps candidates with pi = 1 - r (the paper's rule); "proportional" spends the same expected
-    budget with pi proportional to a gradient-size proxy (§2.10)."""
+    budget with pi proportional to a gradient-size proxy, mixed with the uniform rule's pi by `uniform_mix` (§2.10)."""
     prompt_rate: float = 0.0  # r_q
     completion_rate: float = 0.0  # r_o
     sampling: str = "bernoulli"
@@ -239,6 +265,8 @@ class DPPO(Pruner):
     abs_adv_threshold: float = 0.1
     inclusion: str = "uniform"  # or "proportional"
     inclusion_floor: float = 0.1  # pi_min of the proportional rule (weights <= 1 / pi_min)
+    size_proxy: str = "logit_rms"  # a SIZE_PROXIES name (the default: chosen on F3's selection batches)
+    uniform_mix: float = 0.25  # lambda: pi = (1 - lambda) pi_proportional + lambda pi_uniform
     kl_coef: float = 0.0  # beta: with beta > 0 no row's loss is zero for every theta
     loss_agg: str = "seq-mean-token-mean"
     kl_estimate: float = 0.0  # the last step's mean per-token KL to the reference (the KL term's size proxy)
@@ -254,38 +282,56 @@ class DPPO(Pruner):
                     else rec.mean_abs_adv < self.abs_adv_threshold
         return out
 
+    def _mix(self, proportional: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+        """(1 - lambda) pi_proportional + lambda pi_uniform; items the proportional rule drops as exact zeros
+        (pi = 0) stay at 0. Both sum to the budget, so the mixture spends it (less the exact zeros' share)."""
+        return (1 - self.uniform_mix) * proportional + self.uniform_mix * uniform * (proportional > 0)
+
     def prompt_inclusion(self, keys, history):
         candidates = self.prompt_candidates(keys, history)
+        uniform = inclusion_probs(candidates, self.prompt_rate, self.sampling)
         if self.inclusion == "uniform":
-            return inclusion_probs(candidates, self.prompt_rate, self.sampling)
-        # proportional: the uniform rule's expected kept count over the seen prompts, pi ~ mean |A| at the last
-        # visit, floored (a prompt's gradient now is never known to be zero); never-seen prompts: pi = 1
+            return uniform
+        # proportional: the uniform rule's expected kept count over the seen prompts, pi ~ the mean size proxy of
+        # the last visit's completions, floored (a prompt's gradient now is never known to be zero); never-seen: pi = 1
         seen = torch.tensor([history.get(k) is not None for k in keys], dtype=torch.bool)
         pi = torch.ones(len(keys), dtype=torch.float64)
         if self.prompt_rate > 0 and bool(seen.any()):
-            size = torch.tensor([history.get(k).mean_abs_adv for k, s in zip(keys, seen.tolist()) if s],
+            size = torch.tensor([history.get(k).mean_size for k, s in zip(keys, seen.tolist()) if s],
                                 dtype=torch.float64)
             budget = float(seen.sum()) - self.prompt_rate * float(candidates.sum())
             pi[seen] = proportional_probs(size, budget, self.inclusion_floor, exact_zeros=False)
-        return pi
+        return self._mix(pi, uniform)
 
-    def completion_size(self, adv: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
-        """s [B, G]: the proxy of ||grad l_{b,i}|| known after rollout, g_{b,i} (|A_{b,i}| + beta k), with g the
-        aggregation's weight on the sequence's summed token gradients (1 for seq-mean-token-mean, |o| for
-        seq-mean-token-sum-norm and token-mean) and k the last step's per-token KL (§2.10)."""
-        scale = torch.ones_like(adv, dtype=torch.float64)
-        if lengths is not None and self.loss_agg in ("seq-mean-token-sum-norm", "token-mean"):
-            scale = lengths.to(torch.float64)
-        return scale * (adv.abs().to(torch.float64) + self.kl_coef * self.kl_estimate)
+    def completion_size(self, adv: torch.Tensor, lengths: torch.Tensor | None,
+                        logit_grad: torch.Tensor | None = None) -> torch.Tensor:
+        """s [B, G], the proxy of ||grad l_{b,i}|| known after rollout (§2.10):
 
-    def completion_inclusion(self, rewards, adv, lengths=None) -> torch.Tensor:
+            s = sqrt(A^2 + 2 beta^2 k) * F / (|o| for seq-mean-token-mean, 1 for the token-sum aggregations)
+
+        with F = SIZE_PROXIES[size_proxy](lengths, logit_grad) and k the last step's per-token KL (beta (1 - e^d)
+        is the k3 term's per-token coefficient, of root mean square ~ beta sqrt(2k); it adds in quadrature to A's
+        because its sign varies from token to token). No lengths: every length 1."""
+        if self.size_proxy in NEEDS_LOGPROBS and logit_grad is None:
+            raise ValueError(f"size_proxy {self.size_proxy!r} needs the sampled tokens' log-probs, which this rollout "
+                             f"did not return; use size_proxy 'adv' or 'length', or a rollout that returns them")
+        lengths = torch.ones_like(adv, dtype=torch.float64) if lengths is None else lengths.to(torch.float64)
+        coef = (adv.to(torch.float64).square() + 2 * self.kl_coef ** 2 * self.kl_estimate).sqrt()
+        per_sequence = SIZE_PROXIES[self.size_proxy](lengths, logit_grad)
+        if self.loss_agg not in ("seq-mean-token-sum-norm", "token-mean"):
+            per_sequence = per_sequence / lengths.clamp(min=1)
+        return coef * per_sequence
+
+    def completion_inclusion(self, rewards, adv, lengths=None, logit_grad=None) -> torch.Tensor:
         """pi_o [B, G] of the completion stage, without drawing."""
         candidates = completion_candidates(adv, rewards)
+        uniform = inclusion_probs(candidates, self.completion_rate, self.sampling)
         if self.inclusion == "uniform":
-            return inclusion_probs(candidates, self.completion_rate, self.sampling)
+            return uniform
         budget = adv.numel() - self.completion_rate * float(candidates.sum())
         exact = self.kl_coef == 0  # A = 0 and no KL term: l = 0 for every theta, so pi = 0 is exact
-        return proportional_probs(self.completion_size(adv, lengths), budget, self.inclusion_floor, exact)
+        size = self.completion_size(adv, lengths, logit_grad)
+        return self._mix(proportional_probs(size, budget, self.inclusion_floor, exact), uniform)
 
     def select_prompts(self, keys, history, gen):
         if self.inclusion == "proportional":
@@ -293,10 +339,10 @@ class DPPO(Pruner):
             return Selection(draw_poisson(pi, gen), pi)
         return Selection(*draw_keep_mask(self.prompt_candidates(keys, history), self.prompt_rate, self.sampling, gen))
 
-    def select_completions(self, rewards, adv, gen, lengths=None):
+    def select_completions(self, rewards, adv, gen, lengths=None, logit_grad=None):
         if self.inclusion == "proportional":
-            pi = self.completion_inclusion(rewards, adv, lengths)
-            return Selection(draw_poisson(pi, gen), pi)
+            pi = self.completion_inclusion(rewards, adv, lengths, logit_grad)
+            return Selection(draw_poisson(pi, gen), pi, self.completion_size(adv, lengths, logit_grad))
         return Selection(*draw_keep_mask(completion_candidates(adv, rewards), self.completion_rate, self.sampling, gen))
 
     def after_step(self, rolled_rewards, epoch, stats=None):
@@ -327,7 +373,7 @@ class CPPO(Pruner):
     def prompts_to_cover(self, batch_prompts):
         return math.ceil(batch_prompts / (1 - self.prune_rate)) if self.allocation else batch_prompts
 
-    def select_completions(self, rewards, adv, gen, lengths=None):
+    def select_completions(self, rewards, adv, gen, lengths=None, logit_grad=None):
         return Selection(cppo_keep(adv, self.prune_rate, self.per_group), torch.ones_like(adv, dtype=torch.float64))
 
 
@@ -409,7 +455,7 @@ class DAPOFilter(Pruner):
     def needs_refill(self, rewards, batch_prompts):
         return int((rewards.max(1).values != rewards.min(1).values).sum()) < batch_prompts
 
-    def select_completions(self, rewards, adv, gen, lengths=None):
+    def select_completions(self, rewards, adv, gen, lengths=None, logit_grad=None):
         informative = (rewards.max(1).values != rewards.min(1).values)[:, None].expand_as(adv)
         return Selection(informative.clone(), torch.ones_like(adv, dtype=torch.float64))
 
@@ -423,7 +469,7 @@ PRUNERS: dict[str, type[Pruner]] = {"none": Pruner, "dppo": DPPO, "dppo_biased":
 # the config fields each pruner reads (anything else set away from its default is an error in the config)
 PRUNER_FIELDS: dict[str, tuple[str, ...]] = {
     "dppo": ("prompt_prune_rate", "completion_prune_rate", "prune_sampling", "prompt_candidate_rule",
-             "abs_adv_threshold", "inclusion", "inclusion_floor"),
+             "abs_adv_threshold", "inclusion", "inclusion_floor", "size_proxy", "uniform_mix"),
     "cppo": ("completion_prune_rate", "cppo_per_group", "cppo_allocation"),
     "dapo_filter": ("dapo_max_rounds",),
 }
@@ -438,7 +484,8 @@ def build_pruner(cfg) -> Pruner:
         return PRUNERS[cfg.pruner](prompt_rate=cfg.prompt_prune_rate, completion_rate=cfg.completion_prune_rate,
                                    sampling=cfg.prune_sampling, prompt_rule=cfg.prompt_candidate_rule,
                                    abs_adv_threshold=cfg.abs_adv_threshold, inclusion=cfg.inclusion,
-                                   inclusion_floor=cfg.inclusion_floor, kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg)
+                                   inclusion_floor=cfg.inclusion_floor, size_proxy=cfg.size_proxy,
+                                   uniform_mix=cfg.uniform_mix, kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg)
     if cfg.pruner == "cppo":
         return CPPO(prune_rate=cfg.completion_prune_rate, per_group=cfg.cppo_per_group, allocation=cfg.cppo_allocation)
     if cfg.pruner == "dapo_filter":
@@ -463,7 +510,7 @@ class PrunedStep:
     normaliser: float  # Z
 
 
-Rollout = Callable[[list[int]], tuple[torch.Tensor, torch.Tensor]]  # keys -> rewards [K, G], lengths [K, G]
+Rollout = Callable[[list[int]], tuple[torch.Tensor, ...]]  # keys -> rewards [K, G], lengths [K, G][, logit_grad [K, G, 2]]
 
 
 def prune_step(pruner: Pruner, keys: list[int], history, rollout: Rollout, gen: torch.Generator, *,
@@ -480,7 +527,9 @@ def prune_step(pruner: Pruner, keys: list[int], history, rollout: Rollout, gen: 
     psel = pruner.select_prompts(keys, history, gen)
     est = torch.tensor(history.estimated_lengths(keys, default_length), dtype=torch.float64)
     rolled = [k for k, kept in zip(keys, psel.keep.tolist()) if kept]
-    rewards, lengths = rollout(rolled) if rolled else (torch.zeros(0, G), torch.zeros(0, G, dtype=torch.long))
+    rewards, lengths, *rest = rollout(rolled) if rolled else (torch.zeros(0, G), torch.zeros(0, G, dtype=torch.long),
+                                                              torch.zeros(0, G, 2, dtype=torch.float64))
+    logit_grad = rest[0] if rest else None  # [K, G, 2] when the rollout returns the sampled tokens' log-probs
     for _ in range(pruner.refill_rounds - 1):  # DAPO dynamic sampling
         if more_keys is None or not pruner.needs_refill(rewards, B):
             break
@@ -489,12 +538,13 @@ def prune_step(pruner: Pruner, keys: list[int], history, rollout: Rollout, gen: 
         est = torch.cat([est, torch.tensor(history.estimated_lengths(extra, default_length), dtype=torch.float64)])
         extra_rolled = [k for k, kept in zip(extra, esel.keep.tolist()) if kept]
         if extra_rolled:
-            more_r, more_l = rollout(extra_rolled)
+            more_r, more_l, *more = rollout(extra_rolled)
             rewards, lengths = torch.cat([rewards, more_r]), torch.cat([lengths, more_l])
+            logit_grad = torch.cat([logit_grad, more[0]]) if logit_grad is not None and more else None
         keys, rolled = keys + extra, rolled + extra_rolled
         psel = Selection(torch.cat([psel.keep, esel.keep]), torch.cat([psel.pi, esel.pi]))
     adv = ADVANTAGES[scale_rewards](rewards, adv_eps) if rolled else torch.zeros(0, G)
-    csel = pruner.select_completions(rewards, adv, gen, lengths)
+    csel = pruner.select_completions(rewards, adv, gen, lengths, logit_grad)
     csel.keep = pruner.limit(csel.keep, B)
     weights = pruner.loss_weights(psel, csel)
     if pruner.weighted:

@@ -43,7 +43,7 @@ from dppo.losses import policy_objective, zero_std_groups
 from dppo.machine import LoadMeter, describe, free_cores
 from dppo.model import load_policy
 from dppo.packing import group_segments, pack_rows, packed_completion_logprobs, shared_prompt_logprobs, token_groups
-from dppo.pruning import build_pruner, prune_step
+from dppo.pruning import NEEDS_LOGPROBS, build_pruner, logit_grad_sizes, prune_step
 from dppo.reward import math_reward
 from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config, gather_rollouts
 from dppo.runfiles import (RunError, RunWarning, acquire_lock, check_output_dir, checkpoint_state, config_changes,
@@ -192,9 +192,11 @@ class Trainer:
             rollout_model.requires_grad_(False).to(self.accelerator.device)
         self.engine = engine_from_config(cfg, rollout_model, self.tok,
                                          [p.prompt for p in self.train] + [p.prompt for v in self.evals.values() for p in v])
+        # the proportional rule's logit proxies read the sampled tokens' log-probs (docs/method.md §2.10)
+        self.proxy_reads_logprobs = cfg.inclusion == "proportional" and cfg.size_proxy in NEEDS_LOGPROBS
         self.sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
                                        top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens,
-                                       logprobs=cfg.rollout_is_correction != "none")
+                                       logprobs=cfg.rollout_is_correction != "none" or self.proxy_reads_logprobs)
         self.step = 0
         self.next_threads = os.cpu_count() or 1  # intra_op_threads -1 (auto): the first step assumes a quiet machine
         self.skipped_steps = self.skip_streak = self.zero_variance_streak = 0  # safeguards (§4.3)
@@ -269,7 +271,10 @@ class Trainer:
                 batch = gather_rollouts([b for b, _ in parts], G)
                 rewards = torch.tensor(unshard([r for _, r in parts]), dtype=torch.float32).view(len(rolled), G)
             batches.append(batch)
-            return rewards, torch.tensor([len(c) for c in batch.completion_ids]).view(len(rolled), G)
+            lengths = torch.tensor([len(c) for c in batch.completion_ids]).view(len(rolled), G)
+            if not self.proxy_reads_logprobs:
+                return rewards, lengths
+            return rewards, lengths, logit_grad_sizes(batch.logprobs, G)
 
         t_prune, c_prune = timer.now(), time.process_time()
         step = prune_step(self.pruner, keys, self.history, rollout, gen, group_size=G,
@@ -284,9 +289,10 @@ class Trainer:
         batch = RolloutBatch.concat(batches)
         self.flops["rollout"] = self.shape.generation([len(p) for p in batch.prompt_ids],
                                                       [len(c) for c in batch.completion_ids], cfg.group_size)
+        sizes = step.completion.size  # the proportional rule's size proxy [K, G] (the prompt stage's next visit)
         for j, k in enumerate(step.rolled):
             self.history.update(k, step.rewards[j].tolist(), step.advantages[j].abs().tolist(),
-                                step.lengths[j].tolist(), self.step)
+                                step.lengths[j].tolist(), self.step, sizes=None if sizes is None else sizes[j].tolist())
         lr = learning_rate(cfg, self.step)  # every optimizer update of this step uses it
         for group in self.opt.param_groups:
             group["lr"] = lr

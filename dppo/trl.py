@@ -64,10 +64,12 @@ class DPPOConfig(GRPOConfig):
     abs_adv_threshold: float = _as_train_config("abs_adv_threshold")
     inclusion: str = _as_train_config("inclusion")
     inclusion_floor: float = _as_train_config("inclusion_floor")
+    size_proxy: str = _as_train_config("size_proxy")
+    uniform_mix: float = _as_train_config("uniform_mix")
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("prune_sampling", "loss_normaliser", "prompt_candidate_rule", "inclusion"):
+        for name in ("prune_sampling", "loss_normaliser", "prompt_candidate_rule", "inclusion", "size_proxy"):
             choices = DPPOConfig.__dataclass_fields__[name].metadata["choices"]
             _check(getattr(self, name) in choices, name, f"one of {list(choices)}", getattr(self, name))
         check_pruning_fields(self)
@@ -82,6 +84,9 @@ class DPPOConfig(GRPOConfig):
                    "token mean)", self.loss_type)
             _check(self.inclusion == "uniform", "inclusion", "uniform with prompt_prune_rate > 0 in TRL (the prompt "
                    "stage keeps an exact count, docs/trl.md)", self.inclusion)
+        if self.pruning and self.inclusion == "proportional" and self.size_proxy in pruning.NEEDS_LOGPROBS:
+            _check(self.use_vllm, "size_proxy", "adv or length without use_vllm (TRL returns the sampled tokens' "
+                   "log-probs only from vLLM)", self.size_proxy)
 
     @property
     def pruning(self) -> bool:
@@ -260,7 +265,8 @@ class DPPOTrainer(GRPOTrainer):
         self.pruner = pruning.DPPO(prompt_rate=a.prompt_prune_rate, completion_rate=a.completion_prune_rate,
                                    sampling=a.prune_sampling, prompt_rule=a.prompt_candidate_rule,
                                    abs_adv_threshold=a.abs_adv_threshold, inclusion=a.inclusion,
-                                   inclusion_floor=a.inclusion_floor, kl_coef=self.beta,
+                                   inclusion_floor=a.inclusion_floor, size_proxy=a.size_proxy,
+                                   uniform_mix=a.uniform_mix, kl_coef=self.beta,
                                    loss_agg=LOSS_AGG.get(self.loss_type, "token-mean"))
         self.prompt_history = PromptHistory()
         self.pruning_log: list[dict] = []
@@ -325,7 +331,7 @@ class DPPOTrainer(GRPOTrainer):
         gen = self._generation
         if gen is None or not self.model.training:
             return result
-        _, completion_ids, tool_mask, completions, _, extra_fields, _, _ = result
+        _, completion_ids, tool_mask, completions, logprobs, extra_fields, _, _ = result
         for i, row in enumerate(gen.inputs):  # as GRPOTrainer merges rollout_func's extra fields before rewards
             for key, values in extra_fields.items():
                 if not isinstance(values, list):
@@ -338,8 +344,13 @@ class DPPOTrainer(GRPOTrainer):
         gen.rewards = (gen.rewards_per_func * weights[None]).nansum(dim=1).double().cpu().view(-1, G)
         gen.lengths = self.accelerator.gather(self._loss_tokens(completion_ids, tool_mask)).cpu().view(-1, G)
         adv = ADVANTAGES[self.scale_rewards](gen.rewards, TRL_ADV_EPS)  # full groups, before any pruning
+        logit_grad = None  # the proportional rule's logit proxies (docs/method.md §2.10): vLLM's sampled log-probs
+        if self.pruner.inclusion == "proportional" and self.pruner.size_proxy in pruning.NEEDS_LOGPROBS:
+            local = pruning.logit_grad_sizes([torch.tensor([0.0 if x is None else x for x in lp], dtype=torch.float64)
+                                              for lp in logprobs], 1).view(-1, 2)
+            logit_grad = self.accelerator.gather(local.to(self.accelerator.device)).cpu().view(-1, G, 2)
         gen.completion = self.pruner.select_completions(gen.rewards, adv, mask_generator(self.args.seed,
-                                                        gen.comp.batch_no, 1), gen.lengths)
+                                                        gen.comp.batch_no, 1), gen.lengths, logit_grad)
         n = len(prompts)
         start = self.accelerator.process_index * n
         gen.local_keep = gen.completion.keep.reshape(-1)[start:start + n].to(self.accelerator.device)

@@ -12,11 +12,14 @@ K = [<grad l_n, grad l_m>] and draws of the coefficient vector c:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import pandas as pd
 import torch
 
 from dppo.history import PromptHistory
 from dppo.losses import grpo_advantages, policy_objective
-from dppo.pruning import prune_step
+from dppo.pruning import DPPO, SIZE_PROXIES, logit_grad_sizes, prune_step
 from dppo.reward import math_reward
 from dppo.rollout import HFRollout, RolloutBatch, SamplingParams
 from dppo.scoring import completion_logprobs, pad_completions
@@ -26,7 +29,8 @@ def rollout(model, tok, prompts: list[str], answers: list[str], group_size: int,
             seed: int = 0):
     """G sampled completions per prompt and their rewards [B, G] (seeded)."""
     torch.manual_seed(seed)
-    batch = HFRollout(model, tok, 64).generate(prompts, SamplingParams(n=group_size, max_new_tokens=max_new_tokens))
+    batch = HFRollout(model, tok, 64).generate(prompts, SamplingParams(n=group_size, max_new_tokens=max_new_tokens,
+                                                                    logprobs=True))
     rewards = torch.tensor([math_reward(t, answers[r // group_size]) for r, t in enumerate(batch.texts)])
     return batch, rewards.view(len(prompts), group_size)
 
@@ -58,7 +62,8 @@ def gradient_gram(model, tok, prompts: list[str], answers: list[str], n_groups: 
                   zero_variance_groups: int, max_new_tokens: int = 48, kl_coef: float = 0.1, seed: int = 0) -> dict:
     """Roll out every prompt, keep `n_groups` groups of which `zero_variance_groups` have all-equal rewards
     (so the prompt stage has candidates: prompts whose last group had zero variance), then GRPO advantages
-    and per_sample_gram. Returns rewards [B, G], adv [B, G], gram [N, N], lengths [N], kl (mean per token)."""
+    and per_sample_gram. Returns rewards [B, G], adv [B, G], gram [N, N], lengths [N], kl (mean per token) and
+    logit_grad [B, G, 2] (`pruning.logit_grad_sizes` of the sampling log-probs)."""
     G = group_size
     batch, rewards = rollout(model, tok, prompts, answers, G, max_new_tokens, seed)
     zero = (rewards.max(1).values == rewards.min(1).values).tolist()
@@ -76,28 +81,49 @@ def gradient_gram(model, tok, prompts: list[str], answers: list[str], n_groups: 
     rewards = rewards[pick]
     adv = grpo_advantages(rewards)
     gram, kl = per_sample_gram(model, tok, sub, adv, kl_coef, seed)
-    return {"rewards": rewards, "adv": adv, "gram": gram, "lengths": [len(c) for c in sub.completion_ids], "kl": kl}
+    return {"rewards": rewards, "adv": adv, "gram": gram, "lengths": [len(c) for c in sub.completion_ids], "kl": kl,
+            "logit_grad": logit_grad_sizes(sub.logprobs, G)}
 
 
-def history_from(rewards: torch.Tensor, adv: torch.Tensor, lengths: list[int]) -> PromptHistory:
+def history_from(rewards: torch.Tensor, adv: torch.Tensor, lengths: list[int], sizes: torch.Tensor | None = None
+                 ) -> PromptHistory:
     """A history in which every prompt was last seen with exactly these rollouts (so zero-variance groups
-    are prompt candidates, as in the epoch after)."""
+    are prompt candidates, as in the epoch after), with the completions' size proxies `sizes` [B, G] if given."""
     h, G = PromptHistory(), rewards.shape[1]
     for b in range(rewards.shape[0]):
-        h.update(b, rewards[b].tolist(), adv[b].abs().tolist(), lengths[b * G:(b + 1) * G], step=0)
+        h.update(b, rewards[b].tolist(), adv[b].abs().tolist(), lengths[b * G:(b + 1) * G], step=0,
+                 sizes=None if sizes is None else sizes[b].tolist())
     return h
 
 
+@dataclass
+class OracleDPPO(DPPO):
+    """The proportional rule given each row's true gradient norm ||g_{b,i}|| = sqrt(K_nn) as its size, in place of
+    a proxy, unmixed (docs/method.md §2.10): what any proxy could reach at the same budget. The norms travel in the
+    `logit_grad[..., 0]` slot (`oracle_inputs`); its prompt stage reads their group means from the history."""
+    uniform_mix: float = 0.0
+
+    def completion_size(self, adv, lengths, logit_grad=None):
+        return logit_grad[..., 0]
+
+
+def oracle_inputs(gram: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[B, G, 2] with the true per-row gradient norms sqrt(diag K) in slot 0, for OracleDPPO."""
+    norms = torch.diagonal(gram).clamp(min=0).sqrt().view(-1, group_size)
+    return torch.stack([norms, norms], dim=-1)
+
+
 def coefficients(pruner, rewards: torch.Tensor, history, draws: int, seed: int = 0,
-                 lengths: torch.Tensor | None = None, **step_kw) -> torch.Tensor:
+                 lengths: torch.Tensor | None = None, logit_grad: torch.Tensor | None = None, **step_kw) -> torch.Tensor:
     """[draws, N] coefficients c (grad L_hat = c @ grad l): `prune_step` on fixed rollouts (rewards [B, G],
-    lengths [B, G]), masks drawn as the trainer draws them; `step_kw` as prune_step's settings."""
+    lengths [B, G], logit_grad [B, G, 2]), masks drawn as the trainer draws them; `step_kw` as prune_step's settings."""
     B, G = rewards.shape
     lengths = torch.ones(B, G, dtype=torch.long) if lengths is None else lengths
     gen = torch.Generator().manual_seed(seed)
     out = torch.zeros(draws, B * G, dtype=torch.float64)
     for d in range(draws):
-        step = prune_step(pruner, list(range(B)), history, lambda keys: (rewards[keys], lengths[keys]), gen,
+        step = prune_step(pruner, list(range(B)), history, lambda keys: (rewards[keys], lengths[keys])
+                          + (() if logit_grad is None else (logit_grad[keys],)), gen,
                           group_size=G, **{"prompts_per_step": B, **step_kw})
         rows = (torch.tensor(step.rolled, dtype=torch.long)[:, None] * G + torch.arange(G)).reshape(-1)[step.rows]
         out[d, rows] = step.weights / step.normaliser
@@ -121,7 +147,8 @@ def bias_and_variance(coef: torch.Tensor, gram: torch.Tensor) -> dict:
             "full_grad_sq": float(full @ gram @ full)}
 
 
-def closed_form_variance(gram: torch.Tensor, pruner, history, rewards: torch.Tensor, adv: torch.Tensor) -> dict:
+def closed_form_variance(gram: torch.Tensor, pruner, history, rewards: torch.Tensor, adv: torch.Tensor,
+                         lengths: torch.Tensor | None = None, logit_grad: torch.Tensor | None = None) -> dict:
     """Exact moments of a two-stage estimator with independent inclusion at both stages (docs/method.md §2.7), by
     enumerating the prompt masks (Poisson: each prompt with 0 < pi_b < 1 kept independently) and, given each,
     taking the completion stage's probabilities pi_bi | mask from the pruner (the proportional rule's depend on
@@ -150,7 +177,8 @@ def closed_form_variance(gram: torch.Tensor, pruner, history, rewards: torch.Ten
         rolled = [b for b in keys if keep[b]]
         mean, cond, kept = torch.zeros(n, dtype=torch.float64), 0.0, 0.0
         if rolled:
-            pi_o = pruner.completion_inclusion(rewards[rolled], adv[rolled]).to(torch.float64)  # [K, G] | mask
+            pi_o = pruner.completion_inclusion(rewards[rolled], adv[rolled], None if lengths is None else lengths[rolled],
+                                               None if logit_grad is None else logit_grad[rolled])  # [K, G] | mask
             for j, b in enumerate(rolled):
                 rows = slice(b * G, (b + 1) * G)
                 mean[rows] = 1.0 / float(pi_q[b]) / n
@@ -165,3 +193,68 @@ def closed_form_variance(gram: torch.Tensor, pruner, history, rewards: torch.Ten
     between = sum(p * float((m - expected) @ gram @ (m - expected)) for p, m, *_ in moments)
     return {"variance": sum(p * c for p, _, c, *_ in moments) + between,
             "kept": sum(p * k for p, _, _, k, _ in moments) / n, "rolled": sum(p * r for p, *_, r in moments) / B}
+
+
+def rule_variances(batch: dict, rates: list[float], mixes: list[float], kl_coef: float = 0.1) -> list[dict]:
+    """On one batch (`gradient_gram`'s output), the closed-form variance of the uniform rule and, at the same budget,
+    of the proportional rule with every SIZE_PROXIES proxy and mixture lambda in `mixes`, and of the oracle, at each
+    rate r = r_q = r_o (docs/method.md §2.10). Rows {rate, rule, size_proxy, uniform_mix, variance, ratio}, ratio =
+    variance / the uniform rule's; the prompt stage of each reads its own proxy's sizes from the last visit."""
+    rewards, adv, gram, kl = batch["rewards"], batch["adv"], batch["gram"], batch["kl"]
+    B, G = rewards.shape
+    lengths = torch.tensor(batch["lengths"]).view(B, G)
+    history = history_from(rewards, adv, batch["lengths"])
+    oracle_in = oracle_inputs(gram, G)
+    rows = []
+    for r in rates:
+        uniform = closed_form_variance(gram, DPPO(prompt_rate=r, completion_rate=r), history, rewards, adv)["variance"]
+        rules = [("uniform", DPPO(prompt_rate=r, completion_rate=r), None)]
+        rules += [(f"proportional, {proxy}, mix {mix:g}", DPPO(prompt_rate=r, completion_rate=r, inclusion="proportional",
+                                                               size_proxy=proxy, uniform_mix=mix, kl_coef=kl_coef,
+                                                               kl_estimate=kl), batch["logit_grad"])
+                  for proxy in SIZE_PROXIES for mix in mixes]
+        rules.append(("oracle", OracleDPPO(prompt_rate=r, completion_rate=r, inclusion="proportional"), oracle_in))
+        for name, pruner, grad in rules:
+            if name != "uniform":
+                sized = history_from(rewards, adv, batch["lengths"], pruner.completion_size(adv, lengths, grad))
+                v = closed_form_variance(gram, pruner, sized, rewards, adv, lengths, grad)["variance"]
+            else:
+                v = uniform
+            rows.append({"rate": r, "rule": name, "size_proxy": getattr(pruner, "size_proxy", None)
+                         if name.startswith("proportional") else None, "uniform_mix": pruner.uniform_mix
+                         if name.startswith("proportional") else None, "variance": v, "ratio": v / uniform})
+    return rows
+
+
+def proxy_correlations(batch: dict, kl_coef: float = 0.1) -> dict[str, float]:
+    """Spearman rank correlation of each SIZE_PROXIES proxy with the true per-row gradient norm on one batch."""
+    rewards, adv, gram = batch["rewards"], batch["adv"], batch["gram"]
+    B, G = rewards.shape
+    lengths = torch.tensor(batch["lengths"]).view(B, G)
+
+    truth = pd.Series(torch.diagonal(gram).tolist())
+    sizes = {proxy: DPPO(size_proxy=proxy, kl_coef=kl_coef, kl_estimate=batch["kl"]).completion_size(
+        adv, lengths, batch["logit_grad"]) for proxy in SIZE_PROXIES}
+    return {proxy: float(pd.Series(s.reshape(-1).tolist()).corr(truth, method="spearman")) for proxy, s in sizes.items()}
+
+
+def sample_batches(model, tok, n: int, first_seed: int, prompts: int, group_size: int, kl_coef: float = 0.1
+                   ) -> list[tuple[int, dict]]:
+    """n batches (`gradient_gram`, half the groups zero-variance) from rollout seeds first_seed, first_seed + 1, ...:
+    [(seed, batch)]. A seed whose prompts give too few zero-variance groups is passed over (at most 2n + 5 seeds)."""
+    from dppo.task import make_train
+
+    out, seed = [], first_seed
+    while len(out) < n:
+        if seed >= first_seed + 2 * n + 5:
+            raise RuntimeError(f"only {len(out)} of {n} batches from seeds {first_seed}-{seed - 1}: too few "
+                               f"zero-variance groups; pass fewer prompts")
+        problems = make_train(prompts * 8, seed=seed)
+        try:
+            out.append((seed, gradient_gram(model, tok, [p.prompt for p in problems], [p.answer for p in problems],
+                                            prompts, group_size, zero_variance_groups=prompts // 2, kl_coef=kl_coef,
+                                            seed=seed)))
+        except ValueError:
+            pass
+        seed += 1
+    return out

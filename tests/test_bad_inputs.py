@@ -124,6 +124,8 @@ BAD_FIELDS = [  # (override, field named in the error)
     (["--prune_sampling", "poisson"], "prune_sampling"),
     (["--pruner", "dppo", "--inclusion_floor", "0"], "inclusion_floor"),
     (["--pruner", "dppo", "--inclusion", "proportional", "--prune_sampling", "fixed_count"], "prune_sampling"),
+    (["--pruner", "dppo", "--size_proxy", "entropy"], "size_proxy"),
+    (["--pruner", "dppo", "--uniform_mix", "1.5"], "uniform_mix"),
     (["--scale_rewards", "sideways"], "scale_rewards"),
     (["--loss_normaliser", "kept"], "loss_normaliser"),
     (["--pruner", "cppo", "--loss_normaliser", "fixed"], "loss_normaliser"),  # unweighted baselines: covered only

@@ -123,6 +123,13 @@ CASES = [  # (loss_agg, sampling, r_q, r_o, extra config)
 ]
 
 
+def _logit_grad(lengths: torch.Tensor) -> torch.Tensor:
+    """[B, G, 2] sizes for the proportional rule's logit proxies, fixed by construction (any positive sizes keep it
+    exact; these vary with the row, as real ones do)."""
+    vary = 1 + (torch.arange(lengths.numel()) % 3).view_as(lengths)
+    return torch.stack([0.4 * lengths * vary, (0.1 * lengths).sqrt() * vary], -1).double()
+
+
 def _expected_and_full(tr, agg, mode, rq, ro, extra, kept_token_normaliser=False):
     """(E[gradient of Trainer.update over every mask outcome], gradient of the full-batch loss)."""
     settings = {"loss_type": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28, "kl_bias_correction": True,
@@ -135,9 +142,10 @@ def _expected_and_full(tr, agg, mode, rq, ro, extra, kept_token_normaliser=False
     pruner = DPPO(prompt_rate=rq, completion_rate=ro, sampling=mode, inclusion=tr.cfg.inclusion,
                   kl_coef=tr.cfg.kl_coef, kl_estimate=0.2, loss_agg=agg)
     keys = list(range(B))
+    logit_grad = _logit_grad(lengths)
 
     def one_outcome():
-        step = prune_step(pruner, keys, history, lambda ks: (REWARDS[ks], lengths[ks]), torch.Generator(),
+        step = prune_step(pruner, keys, history, lambda ks: (REWARDS[ks], lengths[ks], logit_grad[ks]), torch.Generator(),
                           group_size=G, scale_rewards=settings["scale_rewards"], loss_agg=agg,
                           loss_normaliser=settings["loss_normaliser"], prompts_per_step=tr.cfg.prompts_per_step)
         if not len(step.rows):
@@ -190,10 +198,10 @@ def test_proportional_with_kl_is_unbiased_within_monte_carlo_error(trainer):
     lengths = torch.tensor([[len(c) for c in comps[k]] for k in range(B)])
     pruner = DPPO(prompt_rate=0.5, completion_rate=0.7, inclusion="proportional", inclusion_floor=0.2, kl_coef=0.05,
                   kl_estimate=0.2)
-    gen, grads, kept = torch.Generator().manual_seed(0), [], []
+    gen, grads, kept, logit_grad = torch.Generator().manual_seed(0), [], [], _logit_grad(lengths)
     for _ in range(400):
-        step = prune_step(pruner, list(range(B)), _history(), lambda ks: (REWARDS[ks], lengths[ks]), gen,
-                          group_size=G, prompts_per_step=tr.cfg.prompts_per_step)
+        step = prune_step(pruner, list(range(B)), _history(), lambda ks: (REWARDS[ks], lengths[ks], logit_grad[ks]),
+                          gen, group_size=G, prompts_per_step=tr.cfg.prompts_per_step)
         kept.append(len(step.rows))
         grads.append(_gradient(tr, prompts, comps, step.rolled, step.rows.tolist(), step.advantages.reshape(-1),
                                step.weights, step.normaliser) if len(step.rows) else None)

@@ -134,8 +134,10 @@ def test_variance_matches_closed_form(setup, rate):
     if rate not in (0.5, 0.9):
         return
     prop = DPPO(prompt_rate=rate, completion_rate=rate, inclusion="proportional", kl_coef=0.1, kl_estimate=0.1)
-    exact = closed_form_variance(gram, prop, history, rewards, adv)
-    coef = coefficients(prop, rewards, history, 6000, seed=1)
+    lengths = torch.tensor(setup[4]).view(B, G)  # fixed by construction, as the logit proxy's sizes below
+    logit_grad = torch.stack([0.3 * lengths, 0.2 * lengths.sqrt() + (torch.arange(N) % 4).view(B, G)], -1).double()
+    exact = closed_form_variance(gram, prop, history, rewards, adv, lengths, logit_grad)
+    coef = coefficients(prop, rewards, history, 6000, seed=1, lengths=lengths, logit_grad=logit_grad)
     centred = coef - coef.mean(0)
     per_draw = torch.einsum("dn,nm,dm->d", centred, gram, centred)
     measured, se = float(per_draw.mean()), float(per_draw.std() / per_draw.numel() ** 0.5)

@@ -10,7 +10,7 @@ from masks import expectation
 
 from dppo.history import PromptHistory
 from dppo.losses import grpo_advantages
-from dppo.pruning import (CPPO, DPPO, GRESO, BiasedDPPO, DAPOFilter, Selection, completion_candidates, cppo_keep,
+from dppo.pruning import (CPPO, DPPO, GRESO, SIZE_PROXIES, BiasedDPPO, DAPOFilter, Selection, completion_candidates, cppo_keep,
                           draw_keep_mask, prune_step)
 
 B, G = 3, 4
@@ -30,11 +30,14 @@ def _inputs(seed):
     return rewards, loss, lengths, history
 
 
-def _expected_loss(pruner, rewards, loss, lengths, history, **step_kw):
+def _expected_loss(pruner, rewards, loss, lengths, history, logit_grad=None, **step_kw):
     """E[L_hat] over every prompt mask and, given it, every completion mask, through `prune_step`:
     L_hat = sum_kept w l / Z with the library's weights and normaliser Z."""
+    def rollout(keys):
+        return (rewards[keys], lengths[keys]) + (() if logit_grad is None else (logit_grad[keys],))
+
     def run():
-        step = prune_step(pruner, list(range(rewards.shape[0])), history, lambda keys: (rewards[keys], lengths[keys]),
+        step = prune_step(pruner, list(range(rewards.shape[0])), history, rollout,
                           torch.Generator(), group_size=rewards.shape[1], **step_kw)
         kept_loss = loss[step.rolled].reshape(-1)[step.rows]
         return float((step.weights * kept_loss).sum()) / step.normaliser
@@ -164,7 +167,7 @@ def _small_inputs(seed):
     loss = torch.randn(2, 3, generator=g, dtype=torch.float64)
     lengths = torch.randint(1, 20, (2, 3), generator=g)
     history = PromptHistory()
-    history.update(0, [1.0] * 3, [0.0] * 3, [5] * 3, step=0)
+    history.update(0, [1.0] * 3, [0.0] * 3, [5] * 3, step=0, sizes=[0.0, 0.2, 0.1] if seed % 2 else None)
     return rewards, loss, lengths, history
 
 
@@ -172,16 +175,19 @@ def _small_inputs(seed):
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"])
 @pytest.mark.parametrize("kl_coef", [0.0, 0.1])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_proportional_inclusion_is_exactly_unbiased(rates, agg, kl_coef, seed):
-    """E[L_hat] = L by enumerating every Poisson mask of both stages. Without KL, rows with A = 0 get pi = 0: exact
-    because their loss is zero for every theta; with KL every row keeps pi >= the floor (arbitrary losses)."""
+@pytest.mark.parametrize("proxy, mix", [("logit_sum", 0.0), ("logit_rms", 0.3), ("adv", 0.0), ("length", 0.3)])
+def test_proportional_inclusion_is_exactly_unbiased(rates, agg, kl_coef, seed, proxy, mix):
+    """E[L_hat] = L by enumerating every Poisson mask of both stages, for every size proxy, mixed with the uniform
+    rule or not. Without KL, rows with A = 0 get pi = 0: exact because their loss is zero for every theta; with KL
+    every row keeps pi >= the floor (arbitrary losses)."""
     rewards, loss, lengths, history = _small_inputs(seed)
     if kl_coef == 0:  # l = A u: zero exactly where A = 0, as every surrogate without a KL term
         loss = grpo_advantages(rewards).double() * loss
+    logit_grad = torch.rand(2, 3, 2, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * lengths[..., None]
     pruner = DPPO(prompt_rate=rates[0], completion_rate=rates[1], inclusion="proportional", inclusion_floor=0.2,
-                  kl_coef=kl_coef, kl_estimate=0.3, loss_agg=agg)
+                  size_proxy=proxy, uniform_mix=mix, kl_coef=kl_coef, kl_estimate=0.3, loss_agg=agg)
     full = float(loss.sum()) / _target_normaliser(pruner, lengths, history, agg, "covered")
-    expected = _expected_loss(pruner, rewards, loss, lengths, history, loss_agg=agg)
+    expected = _expected_loss(pruner, rewards, loss, lengths, history, logit_grad, loss_agg=agg)
     assert expected == pytest.approx(full, rel=1e-9, abs=1e-12)
 
 
@@ -208,9 +214,88 @@ def test_proportional_spends_the_uniform_budget(rate):
     rewards, _, lengths, _ = _inputs(0)
     adv = grpo_advantages(rewards)
     uniform = DPPO(completion_rate=rate).completion_inclusion(rewards, adv, lengths)
-    prop = DPPO(completion_rate=rate, inclusion="proportional").completion_inclusion(rewards, adv, lengths)
+    prop = DPPO(completion_rate=rate, inclusion="proportional", size_proxy="adv",
+                uniform_mix=0.0).completion_inclusion(rewards, adv, lengths)
     if float(uniform.sum()) < int((adv != 0).sum()):
         assert float(prop.sum()) == pytest.approx(float(uniform.sum()), rel=1e-9)
     else:
         assert torch.all(prop[adv != 0] == 1.0)
     assert torch.all(prop[adv == 0] == 0.0) and torch.all(uniform[adv == 0] == 1 - rate)
+
+
+def test_size_proxies_follow_their_formulas():
+    """logit_grad_sizes from the sampled log-probs, and size = sqrt(A^2 + 2 beta^2 k) F / (|o| for seq-mean-token-mean)
+    for each proxy's sequence factor F (docs/method.md §2.10), written out by hand on one row."""
+    from dppo.pruning import logit_grad_sizes
+
+    probs = [torch.tensor([0.5, 0.9, 0.2]), torch.tensor([1.0])]
+    grad = logit_grad_sizes([p.log() for p in probs], group_size=2)  # [1, 2, 2]
+    assert grad[0, 0].tolist() == pytest.approx([0.5 + 0.1 + 0.8, (0.25 + 0.01 + 0.64) ** 0.5])
+    assert grad[0, 1].tolist() == pytest.approx([0.0, 0.0])  # a certain token moves nothing
+    adv, lengths = torch.tensor([[-1.5, 0.0]]), torch.tensor([[3, 1]])
+    coef = [(1.5 ** 2 + 2 * 0.1 ** 2 * 0.2) ** 0.5, (2 * 0.1 ** 2 * 0.2) ** 0.5]
+    factors = {"adv": [3.0, 1.0], "length": [3 ** 0.5, 1.0], "logit_sum": [1.4, 0.0], "logit_rms": [0.9 ** 0.5, 0.0]}
+    for proxy, f in factors.items():
+        for agg, per in (("seq-mean-token-mean", [3.0, 1.0]), ("token-mean", [1.0, 1.0])):
+            size = DPPO(size_proxy=proxy, kl_coef=0.1, kl_estimate=0.2, loss_agg=agg).completion_size(adv, lengths, grad)
+            assert size[0].tolist() == pytest.approx([c * x / p for c, x, p in zip(coef, f, per)]), (proxy, agg)
+    with pytest.raises(ValueError, match="size_proxy 'logit_sum' needs the sampled tokens' log-probs"):
+        DPPO(size_proxy="logit_sum").completion_size(adv, lengths, None)
+
+
+def _completion_variance(pi: torch.Tensor, sq: torch.Tensor) -> float:
+    """The completion stage's variance sum_i (1/pi_i - 1) ||g_i||^2 with independent inclusion (docs/method.md §2.7)."""
+    return float(((1 / pi - 1) * sq).sum())
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("rate", [0.3, 0.5, 0.7, 0.9])
+def test_uniform_mix_bounds_the_weights_and_the_variance(seed, rate):
+    """pi = (1 - lambda) pi_proportional + lambda pi_uniform spends the same budget, keeps every pi >= lambda pi_uniform
+    (weights <= 1/lambda times the uniform rule's), so for ANY true sizes ||g_i|| (here unrelated to the proxy) its
+    variance V obeys V + sum ||g||^2 <= (V_uniform + sum ||g||^2) / lambda, and V <= (1 - lambda) V_prop + lambda V_uniform
+    (1/pi is convex). docs/method.md §2.10."""
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randint(0, 2, (6, 8), generator=g).float()
+    adv, lengths = grpo_advantages(rewards), torch.randint(1, 30, (6, 8), generator=g)
+    logit_grad = torch.rand(6, 8, 2, generator=g, dtype=torch.float64) * lengths[..., None]
+    sq = torch.rand(6, 8, generator=g, dtype=torch.float64) ** 4 * 10  # true squared norms, heavy-tailed
+    kw = dict(completion_rate=rate, kl_coef=0.1, kl_estimate=0.05)
+    uniform = DPPO(**kw).completion_inclusion(rewards, adv, lengths)
+    prop = DPPO(**kw, inclusion="proportional", uniform_mix=0.0).completion_inclusion(rewards, adv, lengths, logit_grad)
+    for mix in (0.1, 0.25, 0.5):
+        pi = DPPO(**kw, inclusion="proportional", uniform_mix=mix).completion_inclusion(rewards, adv, lengths, logit_grad)
+        assert float(pi.sum()) == pytest.approx(float(uniform.sum()), rel=1e-9)
+        assert torch.all(pi >= mix * uniform - 1e-12)
+        v, v_u, v_p = (_completion_variance(p, sq) for p in (pi, uniform, prop))
+        assert v + float(sq.sum()) <= (v_u + float(sq.sum())) / mix * (1 + 1e-9)
+        assert v <= (1 - mix) * v_p + mix * v_u + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("rate", [0.3, 0.5, 0.7, 0.9])
+def test_oracle_has_the_least_variance_at_the_budget(seed, rate):
+    """pi = clamp(c ||g_i||, pi_min, 1) solves min sum_i ||g_i||^2 / pi_i s.t. sum pi = budget, pi_min <= pi <= 1 (KKT of
+    a convex problem), so the oracle's completion-stage variance is below the uniform rule's and every proxy's (each
+    within [pi_min, 1] at r <= 0.9) at the same budget, on any sizes."""
+    from dppo.variance import OracleDPPO
+
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randint(0, 2, (6, 8), generator=g).float()
+    adv, lengths = grpo_advantages(rewards), torch.randint(1, 30, (6, 8), generator=g)
+    logit_grad = torch.rand(6, 8, 2, generator=g, dtype=torch.float64) * lengths[..., None]
+    sq = torch.rand(6, 8, generator=g, dtype=torch.float64) ** 4 * 10 + 1e-3
+    kw = dict(completion_rate=rate, kl_coef=0.1, kl_estimate=0.05)
+    oracle_pi = OracleDPPO(**kw, inclusion="proportional").completion_inclusion(
+        rewards, adv, lengths, torch.stack([sq.sqrt(), sq.sqrt()], -1))
+    oracle = _completion_variance(oracle_pi, sq)
+    inner = (oracle_pi > 0.1 + 1e-12) & (oracle_pi < 1)  # neither floored nor capped: pi_i / ||g_i|| = c (the KKT point)
+    ratio = oracle_pi[inner] / sq[inner].sqrt()
+    assert inner.sum() >= 2 and torch.allclose(ratio, ratio[0].expand_as(ratio), rtol=1e-9)
+    rules = [DPPO(**kw)] + [DPPO(**kw, inclusion="proportional", size_proxy=p) for p in SIZE_PROXIES]
+    for rule in rules:
+        pi = rule.completion_inclusion(rewards, adv, lengths, logit_grad)
+        assert float(oracle_pi.sum()) == pytest.approx(float(pi.sum()), rel=1e-9)
+        assert oracle <= _completion_variance(pi, sq) * (1 + 1e-9), (rule.inclusion, rule.size_proxy)
+        for t in (0.02, 0.1):  # and below every step from it toward another rule (the optimum, not merely better)
+            assert oracle <= _completion_variance((1 - t) * oracle_pi + t * pi, sq) * (1 + 1e-9), (rule.size_proxy, t)

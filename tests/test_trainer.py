@@ -185,6 +185,40 @@ def test_pruned_work_is_never_computed(tmp_path, embedded):
     assert any(r["weights/max"] > 1 for r in m)
 
 
+def test_proportional_rule_reads_the_rollouts_logprobs_and_records_its_sizes(tmp_path, embedded):
+    """inclusion proportional with a logit proxy (docs/method.md §2.10): the rollout returns the sampled tokens'
+    log-probs, the completion stage gets their (sum, root-sum-square) of 1 - p_t, and the history keeps each prompt's
+    mean size for the prompt stage of its next visit."""
+    from dppo.pruning import logit_grad_sizes
+
+    cfg = TrainConfig(output_dir=str(tmp_path), pruner="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5,
+                      inclusion="proportional", size_proxy="logit_sum", max_steps=2, eval_every=1000, save_every=1000,
+                      **SMALL)
+    tr = Trainer(cfg)
+    seen, select = [], tr.pruner.select_completions
+    rollout = tr._rollout
+
+    def spy_rollout(keys, timer):
+        batch, rewards = rollout(keys, timer)
+        seen.append({"keys": keys, "grad": logit_grad_sizes(batch.logprobs, cfg.group_size)})
+        return batch, rewards
+
+    def spy_select(rewards, adv, gen, lengths=None, logit_grad=None):
+        sel = select(rewards, adv, gen, lengths, logit_grad)
+        seen[-1].update(passed=logit_grad, size=sel.size)
+        return sel
+    tr._rollout, tr.pruner.select_completions = spy_rollout, spy_select
+    tr.fit()
+    assert len(seen) == 2
+    for step in seen:
+        assert step["passed"] is not None and torch.equal(step["passed"], step["grad"])
+        assert (step["grad"][..., 0] > 0).any()
+    last = seen[-1]
+    for j, k in enumerate(last["keys"]):
+        assert tr.history.get(k).mean_size == pytest.approx(float(last["size"][j].mean()))
+    assert any(tr.history.get(k).mean_size != pytest.approx(tr.history.get(k).mean_abs_adv) for k in last["keys"])
+
+
 def test_dense_and_shared_prompt_packing_train_like_padding_with_denser_batches(tmp_path, embedded):
     common = dict(lr=2e-4, max_steps=2, eval_every=1000, save_every=1000, pruner="dppo", prompt_prune_rate=0.5,
                   completion_prune_rate=0.5, kl_coef=0.05, ppo_epochs=2, num_minibatches=2, **SMALL)

@@ -203,6 +203,9 @@ def test_two_processes_compose_the_same_masks(tmp_path):
     (dict(inclusion_floor=1.5), "inclusion_floor"),
     (dict(completion_prune_rate=0.5, inclusion="proportional", prune_sampling="fixed_count"), "prune_sampling"),
     (dict(completion_prune_rate=0.5, entropy_coef=0.01), "entropy_coef"),
+    (dict(completion_prune_rate=0.5, inclusion="proportional"), "size_proxy"),  # logit_sum reads vLLM's log-probs
+    (dict(size_proxy="entropy"), "size_proxy"),
+    (dict(uniform_mix=1.5), "uniform_mix"),
 ])
 def test_bad_pruning_fields_are_one_line_errors(tmp_path, kw, field):
     with pytest.raises(ConfigError, match=f"config field '{field}' must be") as e:
