@@ -52,8 +52,8 @@ import torch
 from IPython.display import Markdown, display
 
 from dppo import figures, results, studies, variance
-from dppo.model import load_policy
 from dppo.config import TrainConfig
+from dppo.model import load_policy
 from dppo.pruning import CPPO, DPPO, GRESO, BiasedDPPO
 
 if smoke:
@@ -129,8 +129,8 @@ comparison.round(3)
 
 # %% [markdown]
 # Checks: DPPO is unbiased at every rate (bias within 4 standard errors of 0, and DPPO's weights keep the
-# Monte-Carlo mean on the full gradient), its measured variance matches the closed form, and the variance
-# grows with the rate, the oracle included. Whether the proportional rule's variance is below the uniform rule's is
+# Monte-Carlo mean on the full gradient), its measured variance matches the closed form (the proportional rule's and
+# the oracle's too), and the variance grows with the rate. Whether the proportional rule's variance is below the uniform rule's is
 # not asserted: it depends on how well its proxy tracks each row's gradient norm (docs/method.md §2.10), measured
 # over many batches below.
 # Every Monte-Carlo check is measured in its own standard errors, so it holds on whatever batch this machine's model
@@ -178,7 +178,6 @@ correlations.to_csv(Path(results_dir) / "proxy_correlations.csv", index=False)
 candidates = ratios[(ratios["split"] == "selection") & ratios["rule"].str.startswith("proportional")]
 score = candidates.groupby("rule")["ratio"].agg(worst="max", median="median").sort_values(["worst", "median"])
 chosen = score.index[0]
-chosen_setting = candidates[candidates["rule"] == chosen].iloc[0][["size_proxy", "uniform_mix"]].to_dict()
 default = f"proportional, {DEFAULT['size_proxy']}, mix {DEFAULT['uniform_mix']:g}"
 print(f"chosen on {len(selection)} selection batches: {chosen}; the library's default: {default}")
 score.round(3).head(6)

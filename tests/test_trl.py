@@ -94,6 +94,56 @@ def test_expected_gradient_is_trls_full_batch_gradient(embedded64, tmp_path, los
     assert float((draws[0][1] - target).abs().max()) / scale > 1e-3
 
 
+@pytest.mark.parametrize("proxy", ["adv", "logit_rms"])
+def test_proportional_completion_stage_is_exact_in_trl(embedded64, tmp_path, proxy, monkeypatch):
+    """inclusion proportional in DPPOTrainer (completion stage, docs/trl.md; with KL, so no row is an exact zero): E
+    over every Poisson mask of its gradient = GRPOTrainer's full-batch gradient, to 1e-9 in float64. With `logit_rms`
+    the sizes are read from the sampled tokens' log-probs as TRL's vLLM backend returns them (the rig's generation
+    returns a fixed table in its place; the config refuses the logit proxies without use_vllm, so the pruner's proxy
+    is switched after construction): every process's rows are gathered in order and reach the completion stage."""
+    from dppo.pruning import logit_grad_sizes
+    from tests.trl_rig import LOGPROBS
+
+    float64_numerics(monkeypatch)
+    model, tok = embedded64
+    covered = [0, 1]
+    data = Dataset.from_list([{"prompt": p} for p in PROMPTS[:len(covered)]])
+    common = dict(loss_type="grpo", beta=0.1)
+    full = make_trainer(GRPOTrainer, GRPOConfig, copy.deepcopy(model), tok, data, tmp_path / "grpo",
+                        len(covered) * G // SPG, **common)
+    target = batch_gradient(full, full._generate_and_score_completions(rows(covered)))
+    dppo = make_trainer(DPPOTrainer, DPPOConfig, copy.deepcopy(model), tok, data, tmp_path / "dppo", G, logprobs=True,
+                        **common, completion_prune_rate=0.5, inclusion="proportional", size_proxy="adv")
+    dppo.pruner.size_proxy = proxy
+    seen, select = [], dppo.pruner.select_completions
+
+    def spy(rewards, adv, gen, lengths=None, logit_grad=None):
+        sel = select(rewards, adv, gen, lengths, logit_grad)
+        seen.append((logit_grad, sel.pi))
+        return sel
+    dppo.pruner.select_completions = spy
+    sampler = dppo._get_train_sampler()
+    sampler.max_passes = 1
+
+    def one_draw():
+        sampler.position = sampler.batch_no = 0
+        comp = sampler.compose()
+        sampler.compositions[comp.batch_no] = comp
+        return batch_gradient(dppo, dppo._generate_and_score_completions(rows(comp.rolled, comp.batch_no)))
+
+    draws = enumerate_draws(one_draw)
+    logit_grad, pi = seen[0]
+    assert len(draws) == 2 ** int(((pi > 0) & (pi < 1)).sum()) > 8  # each row with pi < 1 kept or not, independently
+    expected = sum(p * g for p, g in draws)
+    assert float((expected - target).abs().max()) / float(target.abs().max()) <= TOLERANCE["float64"]
+    if proxy == "logit_rms":
+        table = [torch.tensor(LOGPROBS[tuple(c)], dtype=torch.float64) for k in covered for c in COMPLETIONS[k][0]]
+        assert torch.equal(logit_grad, logit_grad_sizes(table, G))
+    else:
+        assert logit_grad is None
+    assert 0 < float(pi.min()) < float(pi.max()) <= 1 and len(set(pi.reshape(-1).tolist())) > 2  # sized, not uniform
+
+
 # ------------------------------------------------------------------ real runs (sampled generation)
 def run_config(tmp, **kw):
     base = dict(output_dir=str(tmp), use_cpu=True, bf16=False, num_generations=4, per_device_train_batch_size=16,

@@ -37,14 +37,18 @@ COMPLETIONS = {0: ([[11, 12, 13, 2], [14, 15, 2], [16, 17, 18, 19, 20]], [1.0, 0
                2: ([[31, 32, 33], [34, 35, 36, 37, 2], [38, 2]], [1.0, 1.0, 0.0]),
                3: ([[41, 42, 43, 44], [45, 2], [46, 47, 48]], [0.0, 1.0, 0.0])}
 REWARDS = {tuple(c): r for comps, rs in COMPLETIONS.values() for c, r in zip(comps, rs)}
+# sampling log-probs of each completion's tokens, as vLLM would return them (fixed, varied per token)
+LOGPROBS = {tuple(c): [-0.15 * ((t + len(c)) % 4) - 0.02 for t in range(len(c))]
+            for comps, _ in COMPLETIONS.values() for c in comps}
 
 
 def table_reward(prompts, completions, completion_ids, **kwargs):
     return [REWARDS[tuple(ids)] for ids in completion_ids]
 
 
-def fixed_generation(trainer, tokenizer, prompts):
-    """Replace the generation backend (only it) by the table above: row k of a group gets completion k."""
+def fixed_generation(trainer, tokenizer, prompts, logprobs: bool = False):
+    """Replace the generation backend (only it) by the table above: row k of a group gets completion k (and, with
+    `logprobs`, its sampling log-probs, as TRL's vLLM backend returns them)."""
     by_prompt = {tuple(tokenizer(p)["input_ids"]): key for key, p in enumerate(prompts)}
 
     def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -53,18 +57,18 @@ def fixed_generation(trainer, tokenizer, prompts):
             key = by_prompt[tuple(ids)]
             out.append(list(COMPLETIONS[key][0][seen.get(key, 0)]))
             seen[key] = seen.get(key, 0) + 1
-        return out, None
+        return out, [list(LOGPROBS[tuple(c)]) for c in out] if logprobs else None
     trainer._generate_single_turn = generate
 
 
-def make_trainer(cls, cfg_cls, model, tok, data, tmp, rows_per_device, **kw):
+def make_trainer(cls, cfg_cls, model, tok, data, tmp, rows_per_device, logprobs=False, **kw):
     args = cfg_cls(output_dir=str(tmp), use_cpu=True, bf16=False, num_generations=G, report_to="none",
                    per_device_train_batch_size=rows_per_device, steps_per_generation=SPG,
                    gradient_accumulation_steps=GA, max_completion_length=8, save_strategy="no", seed=0, **kw)
     trainer = cls(model=model, reward_funcs=table_reward, args=args, train_dataset=data, processing_class=tok)
     if trainer.ref_model is not None:
         trainer.ref_model.double()
-    fixed_generation(trainer, tok, list(data["prompt"]))
+    fixed_generation(trainer, tok, list(data["prompt"]), logprobs)
     trainer.model.train()
     return trainer
 
