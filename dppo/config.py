@@ -48,7 +48,8 @@ def _f(default, help: str, **kw):
 @dataclass
 class TrainConfig:
     # ---- run
-    output_dir: str = _f("experiments/results/cpu/grpo", "Run folder: config.yaml, metrics.jsonl, checkpoints/, final/.")
+    output_dir: str = _f("runs/run", "Run folder: config.yaml, metrics.jsonl, checkpoints/, final/. Loaded from a config "
+                         "file without one: runs/<the file's name>.")
     seed: int = _f(0, "Seed of data order, sampling and initialisation; CPU runs are deterministic given it.")
     resume: bool = _f(True, "Continue from the newest checkpoint in output_dir if there is one.")
     process_group_timeout_s: int = _f(7200, "Seconds a rank waits at a collective before the process group gives "
@@ -72,7 +73,9 @@ class TrainConfig:
                                       "about a third more compute).")
     attn_implementation: str = _f("sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
     # ---- data
-    dataset: str = _f("embedded", "'embedded' (synthetic task), a .jsonl/.parquet file, or hf:<name>[:<split>[:<subset>]].")
+    dataset: str = _f("embedded", "'embedded' (synthetic task), a .jsonl/.parquet file (one record per line: the question "
+                      "in 'prompt', 'problem' or 'question', the gold answer in 'answer', 'final_answer' or 'solution'; "
+                      "\\boxed{} and GSM8K's #### are extracted), or hf:<name>[:<split>[:<subset>]] from the hub.")
     eval_datasets: dict = _f(None, "Paper scale: {split name: file or hf:...}; None = the embedded task's six splits.")
     train_size: int = _f(1200, "Embedded task: number of training problems (levels 1-5 in equal shares).")
     eval_size: int = _f(64, "Problems per eval split (embedded: per level; files: first eval_size records).")
@@ -269,7 +272,7 @@ class TrainConfig:
                "at most prompts_per_step x group_size", self.num_minibatches)
         if self.dataset != "embedded" and not self.dataset.startswith("hf:") and not Path(self.dataset).is_file():
             raise ConfigError(f"config field 'dataset' must be 'embedded', an existing .jsonl/.parquet file or "
-                              f"hf:<name>, got {self.dataset!r} (file not found)")
+                              f"hf:<name>, got {self.dataset!r} (file not found{_hub_hint(self.dataset)})")
         _check(not self.prompt_template or "{question}" in self.prompt_template, "prompt_template",
                "empty (the model's own) or a text containing {question}", self.prompt_template)
         for name in ("chat_template_kwargs", "eval_samples_per_split"):
@@ -281,8 +284,12 @@ class TrainConfig:
             _check(isinstance(self.eval_datasets, dict) and self.eval_datasets, "eval_datasets",
                    "a non-empty mapping {split: path}", self.eval_datasets)
             for split, path in self.eval_datasets.items():
-                if not str(path).startswith("hf:") and not Path(path).is_file():
-                    raise ConfigError(f"config field 'eval_datasets' entry {split!r}: file {path!r} not found")
+                _check(isinstance(path, str) and bool(path.strip()), "eval_datasets", "a mapping {split: path} (in "
+                       "YAML and on the command line a space after the colon: \"{dev: my_dev.jsonl}\")",
+                       self.eval_datasets)
+                if not path.startswith("hf:") and not Path(path).is_file():
+                    raise ConfigError(f"config field 'eval_datasets' entry {split!r}: file {path!r} not found"
+                                      f"{_hub_hint(path, ' (')}{')' if _hub_hint(path) else ''}")
         return self
 
     def check_machine(self) -> "TrainConfig":
@@ -290,8 +297,9 @@ class TrainConfig:
         a config is read: the paper profile's GPU configs stay readable on a laptop)."""
         _check(self.attn_implementation != "flash_attention_2" or (importlib.util.find_spec("flash_attn") is not None
                                                                    and torch.cuda.is_available()),
-               "attn_implementation", "sdpa or eager here (flash_attention_2 needs CUDA and the flash-attn package: "
-               "pip install -e .[gpu])", self.attn_implementation)
+               "attn_implementation", "sdpa or eager here (flash_attention_2 needs CUDA and the flash-attn package, "
+               "built against the installed torch: pip install flash-attn --no-build-isolation, or bash "
+               "scripts/bootstrap.sh gpu)", self.attn_implementation)
         _check(self.dtype != "float16" or torch.cuda.is_available(), "dtype",
                "float32 or bfloat16 on a machine without CUDA (float16 autocast needs a GPU)", self.dtype)
         _check(self.rollout_backend != "vllm" or importlib.util.find_spec("vllm") is not None, "rollout_backend",
@@ -334,7 +342,15 @@ class TrainConfig:
             if not isinstance(d, dict):
                 raise ConfigError(f"config file {str(path)!r} must hold a mapping of field: value")
         d.update(overrides or {})
+        if path is not None and "output_dir" not in d:  # a config file without a run folder: runs/<its name>
+            d["output_dir"] = f"runs/{Path(path).stem}"
         return cls.from_dict(d)
+
+
+def _hub_hint(value: str, lead: str = "; ") -> str:
+    """"; a hub id is written hf:<id>" when `value` looks like one (org/name, no file extension), else ""."""
+    looks_like_hub = value.count("/") == 1 and not value.startswith((".", "/")) and not Path(value).suffix
+    return f"{lead}a hub id is written hf:{value}" if looks_like_hub else ""
 
 
 def _check(ok: bool, name: str, allowed: str, value) -> None:

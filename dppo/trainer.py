@@ -77,6 +77,9 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]
         evals[name] = load_problems(path, name, prompt_template(cfg), limit=cfg.eval_size)
     if not train:
         raise ValueError(f"config field 'dataset' ({cfg.dataset!r}) yields no training problems")
+    if not evals:
+        warnings.warn(f"no evaluation set: dataset {cfg.dataset!r} has none of its own, so the run reports no "
+                      f"accuracy; set config field 'eval_datasets' ({{split: file or hf:...}})", RunWarning, stacklevel=2)
     shared = overlap(train, evals)
     if shared:
         warnings.warn(f"eval prompts also in the training data: {', '.join(f'{k} {n}/{len(evals[k])}' for k, n in shared.items())} "

@@ -135,6 +135,45 @@ BAD_FIELDS = [  # (override, field named in the error)
 ]
 
 
+@pytest.mark.parametrize("override, says", [
+    (["--eval_datasets", "{dev:dev.jsonl}"], "a space after the colon"),  # YAML reads `dev:dev.jsonl` as a key
+    (["--model_name_or_path", "Qwen/Qwen3-0.6B"], "a hub id is written hf:Qwen/Qwen3-0.6B"),
+    (["--dataset", "openai/gsm8k"], "a hub id is written hf:openai/gsm8k"),
+    (["--eval_datasets", "{dev: org/bench}"], "a hub id is written hf:org/bench"),
+])
+def test_the_error_says_what_to_write(capsys, tmp_path, override, says):
+    """The mistakes a newcomer makes with paths and hub ids: one line that says what to write instead."""
+    err = one_line_error(capsys, ["train", "--config", GRPO_YAML, "--output_dir", str(tmp_path / "run"), *override])
+    assert says in err, err
+
+
+def test_a_run_without_an_evaluation_set_says_so(tmp_path):
+    """A data file has no held-out split of its own: the run warns, naming the field to set (it reported an empty
+    accuracy without a word before)."""
+    from dppo.config import TrainConfig
+    from dppo.trainer import load_data
+
+    data = ROOT / "tests" / "fixtures" / "math_train.jsonl"
+    with pytest.warns(UserWarning, match="no evaluation set.*'eval_datasets'"):
+        load_data(TrainConfig(output_dir=str(tmp_path), dataset=str(data)))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_data(TrainConfig(output_dir=str(tmp_path), dataset=str(data),
+                              eval_datasets={"dev": str(data.parent / "math500.jsonl")}))
+
+
+def test_a_config_file_without_a_run_folder_runs_under_runs(tmp_path):
+    """output_dir defaults to runs/<the config file's name> (no run lands in a results folder it did not name)."""
+    from dppo.config import TrainConfig
+
+    cfg = tmp_path / "my_dppo.yaml"
+    cfg.write_text("pruner: dppo\nprompt_prune_rate: 0.5\n")
+    assert TrainConfig.load(cfg).output_dir == "runs/my_dppo"
+    assert TrainConfig.load(cfg, {"output_dir": str(tmp_path / "x")}).output_dir == str(tmp_path / "x")
+    assert TrainConfig().output_dir == "runs/run"
+
+
 def test_missing_config_file(capsys):
     assert "nope.yaml" in one_line_error(capsys, ["train", "--config", "nope.yaml"])
 
