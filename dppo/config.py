@@ -272,7 +272,7 @@ class TrainConfig:
                "at most prompts_per_step x group_size", self.num_minibatches)
         if self.dataset != "embedded" and not self.dataset.startswith("hf:") and not Path(self.dataset).is_file():
             raise ConfigError(f"config field 'dataset' must be 'embedded', an existing .jsonl/.parquet file or "
-                              f"hf:<name>, got {self.dataset!r} (file not found{_hub_hint(self.dataset)})")
+                              f"hf:<name>, got {self.dataset!r} (file not found{hub_hint(self.dataset)})")
         _check(not self.prompt_template or "{question}" in self.prompt_template, "prompt_template",
                "empty (the model's own) or a text containing {question}", self.prompt_template)
         for name in ("chat_template_kwargs", "eval_samples_per_split"):
@@ -289,7 +289,7 @@ class TrainConfig:
                        self.eval_datasets)
                 if not path.startswith("hf:") and not Path(path).is_file():
                     raise ConfigError(f"config field 'eval_datasets' entry {split!r}: file {path!r} not found"
-                                      f"{_hub_hint(path, ' (')}{')' if _hub_hint(path) else ''}")
+                                      f"{hub_hint(path, ' (')}{')' if hub_hint(path) else ''}")
         return self
 
     def check_machine(self) -> "TrainConfig":
@@ -347,9 +347,10 @@ class TrainConfig:
         return cls.from_dict(d)
 
 
-def _hub_hint(value: str, lead: str = "; ") -> str:
-    """"; a hub id is written hf:<id>" when `value` looks like one (org/name, no file extension), else ""."""
-    looks_like_hub = value.count("/") == 1 and not value.startswith((".", "/")) and not Path(value).suffix
+def hub_hint(value: str, lead: str = "; ") -> str:
+    """"; a hub id is written hf:<id>" when `value` looks like one (org/name, not a data file's name), else ""."""
+    looks_like_hub = value.count("/") == 1 and not value.startswith((".", "/")) and \
+        Path(value).suffix not in (".jsonl", ".json", ".parquet", ".csv", ".txt")  # a version like Qwen3-0.6B is not a file
     return f"{lead}a hub id is written hf:{value}" if looks_like_hub else ""
 
 

@@ -262,10 +262,11 @@ def resolve_model_path(name_or_path: str) -> str:
     if name_or_path.startswith("hf:"):
         return name_or_path[3:]
     if not Path(name_or_path).is_dir():
-        hint = f"; a hub id is written hf:{name_or_path}" if name_or_path.count("/") == 1 and \
-            not name_or_path.startswith((".", "/")) else ""
-        raise ValueError(f"model_name_or_path {name_or_path!r} is not a local directory "
-                         f"(use one of {list(EMBEDDED_SPECS)}, a local model directory, or hf:<repo id> to download{hint})")
+        from dppo.config import hub_hint
+
+        raise ValueError(f"model_name_or_path {name_or_path!r} is not a local directory (use one of "
+                         f"{list(EMBEDDED_SPECS)}, a local model directory, or hf:<repo id> to download"
+                         f"{hub_hint(name_or_path)})")
     if not (Path(name_or_path) / "config.json").is_file():
         raise ValueError(f"model_name_or_path {name_or_path!r} is not a model directory (no config.json; a run's "
                          f"trained policy is <output_dir>/final, a checkpoint <output_dir>/checkpoints/step_N)")

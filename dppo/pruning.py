@@ -50,9 +50,14 @@ def logit_grad_sizes(logprobs: list[torch.Tensor], group_size: int) -> torch.Ten
     """[K, G, 2] float64: (sum_t (1 - p_t), sqrt(sum_t (1 - p_t)^2)) over each completion's sampled tokens, from
     their sampling log-probs (K*G rows, each [len]; p_t = exp(log-prob))."""
     out = torch.zeros(len(logprobs), 2, dtype=torch.float64)
-    for r, lp in enumerate(logprobs):
-        doubt = 1.0 - lp.detach().to("cpu", torch.float64).exp()
-        out[r, 0], out[r, 1] = doubt.sum(), doubt.square().sum().sqrt()
+    if not logprobs:
+        return out.view(-1, group_size, 2)
+    # one transfer for the whole batch (the sampler's rows may live on the GPU), then per-row sums on the CPU
+    doubt = 1.0 - torch.cat([lp.detach().reshape(-1) for lp in logprobs]).to("cpu", torch.float64).exp()
+    row = torch.repeat_interleave(torch.arange(len(logprobs)), torch.tensor([lp.numel() for lp in logprobs]))
+    out[:, 0].index_add_(0, row, doubt)
+    out[:, 1].index_add_(0, row, doubt.square())
+    out[:, 1].sqrt_()
     return out.view(-1, group_size, 2)
 
 
