@@ -5,7 +5,8 @@
 #
 #   ./reproduce.sh                          every study, then paper_figures
 #   ./reproduce.sh --study main_results     one study (a notebook name), then paper_figures
-#   ./reproduce.sh --study packing -f my.yaml   papermill parameter file for the study
+#   ./reproduce.sh --study packing -f my.yaml   papermill parameter file for the study (its results_dir, if any:
+#                                           the runs, tables and figures there, never the committed figures/)
 #   ./reproduce.sh --profile paper          paper-scale parameter files experiments/paper/<study>.yaml (GPUs):
 #                                           each training run its own `accelerate launch` over all local GPUs
 #   ./reproduce.sh --profile paper --dry-run   print every command and the estimated GPU-hours per study
@@ -73,7 +74,7 @@ export DPPO_PROGRESS_FILE="$(cd "$out" && pwd)/progress.log"
 tail -n +1 -F "$DPPO_PROGRESS_FILE" 2>/dev/null &
 follower=$!
 trap 'kill $follower 2>/dev/null || true' EXIT
-summary=() t_all=$SECONDS
+summary=() t_all=$SECONDS rd=""
 run_notebook() {  # name, then papermill's extra arguments
   local nb="$1" t0=$SECONDS; shift
   echo "[reproduce] $(date +%T) study $nb (notebooks/$nb.ipynb -> $out/notebooks/$nb.ipynb)" >> "$DPPO_PROGRESS_FILE"
@@ -89,6 +90,10 @@ for nb in "${STUDIES[@]/paper_figures/}" paper_figures; do  # the studies, then 
   [ -n "$nb" ] || continue
   f="$(study_args "$nb")" partial=()
   [ "$nb" = paper_figures ] && [ ${#study[@]} -gt 0 ] && partial=(-p complete False)  # the other studies may be missing
+  if [ "$nb" = paper_figures ] && [ -n "$params" ]; then  # a parameter file's results_dir: paper_figures reads it too
+    rd="$("$VENV/bin/python" -c 'import sys, yaml; print((yaml.safe_load(open(sys.argv[1])) or {}).get("results_dir", ""))' "$params")"
+    [ -n "$rd" ] && partial+=(-p results_dir "$rd")
+  fi
   run_notebook "$nb" ${f:+-f "$f"} "${partial[@]}"
 done
 sleep 1
@@ -96,6 +101,7 @@ kill $follower 2>/dev/null || true
 echo
 echo "[reproduce] done in $(( (SECONDS - t_all) / 60 )) min $(( (SECONDS - t_all) % 60 )) s; time per study:"
 printf '  %s\n' "${summary[@]}"
-figs=figures; [ "$toy" = 1 ] && figs="$out/figures"; [ "$profile" = paper ] && figs="$figs/paper"
+figs="$("$VENV/bin/python" -c 'import os, sys; from dppo import results
+print(os.path.relpath(results.figures_dir(False, *sys.argv[1:])))' "$profile" "$rd")"
 echo "[reproduce] regenerated ($figs/): $(ls "$figs" | tr '\n' ' ')"
 echo "[reproduce] executed notebooks, with every table and figure inline: $out/notebooks/"

@@ -52,9 +52,12 @@ def study_root(results_dir: str | Path = "", smoke: bool = False, profile: str =
     return results_root(smoke, profile) / results_dir
 
 
-def figures_dir(smoke: bool = False, profile: str = "cpu") -> Path:
-    """Where tables and figures go: figures/ (the paper profile: figures/paper, so the CPU figures stay), or a
-    scratch folder for smoke (test) runs, or the toy root's figures/."""
+def figures_dir(smoke: bool = False, profile: str = "cpu", results_dir: str | Path = "") -> Path:
+    """Where a study's tables and figures go: with a `results_dir`, `<study_root(results_dir)>/figures` (beside the
+    runs they come from; the committed figures/ stay as they are); else figures/ (the paper profile: figures/paper,
+    so the CPU figures stay), or a scratch folder for smoke (test) runs, or the toy root's figures/."""
+    if str(results_dir):
+        return study_root(results_dir, smoke, profile) / "figures"
     out = RESULTS / "smoke" / "figures" if smoke else toy.root() / "figures" if toy.active() else FIGURES
     return out / "paper" if _profile(profile) == "paper" else out
 

@@ -195,29 +195,81 @@ def layout_params(params: dict) -> dict:
     return {k: params[k] for k in LAYOUT_PARAMS if k in params}
 
 
+# The study setup the rows of a layout share (size, epochs, evaluation cadence, checkpoints, the skipped step-0
+# evaluation): `overrides` replace it. The fields a row sets beyond it are what that row is about (T4's ablated stage,
+# T5's rates, T2's algorithm, T3's model) and stay as the row sets them.
+SETUP_FIELDS = frozenset({*T1_SETUP, *SHORT, *_NO_START})
+
+
+def _pruner(config: str, over: dict) -> str:
+    """The pruner a row trains with: its own `pruner`, else its YAML file's, else TrainConfig's default ('none')."""
+    import yaml
+
+    if "pruner" in over:
+        return over["pruner"]
+    path = Path(config) if Path(config).is_absolute() else ROOT / config
+    return ((yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}).get("pruner", "none")
+
+
+def row_overrides(config: str, over: dict, overrides: dict) -> tuple[dict, dict[str, str]]:
+    """The part of a study's `overrides` that applies to one row (YAML `config`, the row's own fields `over`), and
+    {field: why} for the rest: a pruning field the row's pruner does not read (a pruning rate on the GRPO row), or a
+    field the row sets itself beyond the study setup (`SETUP_FIELDS`)."""
+    from dppo.pruning import PRUNER_FIELDS
+
+    pruning = {f for names in PRUNER_FIELDS.values() for f in names}
+    pruner = _pruner(config, over)
+    reads = set(PRUNER_FIELDS.get(pruner, ()))
+    kept, left = {}, {}
+    for name, value in overrides.items():
+        if name in over and name not in SETUP_FIELDS:
+            left[name] = "the row sets it"
+        elif name in pruning and name not in reads:
+            left[name] = f"pruner {pruner} does not read it"
+        else:
+            kept[name] = value
+    return kept, left
+
+
 def study_layouts(study: str, configs: dict | None = None, overrides: dict | None = None,
                   large_model: str = "embedded-large", model_labels=(SMALL, LARGE), rates=T5_RATES,
-                  long_epochs: int = LONG_EPOCHS) -> dict[str, dict]:
+                  long_epochs: int = LONG_EPOCHS, report=print) -> dict[str, dict]:
     """{table: layout} that a study notebook trains, from its papermill parameters: `configs` replaces YAML files,
     by row label or by the CPU config file a row uses (the paper profile maps experiments/cpu/grpo.yaml and dppo.yaml
-    to its Qwen3 recipes, so T1-T5 train one DPPO recipe and one GRPO recipe), `overrides` applies to every run,
-    `large_model` is T3's larger model and `model_labels` the names of T3's (small, large) models in its rows,
-    `rates` T5's grid, `long_epochs` the epochs of T1's longer DPPO run (0: none), applied after `overrides`."""
+    to its Qwen3 recipes, so T1-T5 train one DPPO recipe and one GRPO recipe), `overrides` applies to every run where
+    it is valid (`row_overrides`; what is left out is reported, a line per field), `large_model` is T3's larger model
+    and `model_labels` the names of T3's (small, large) models in its rows, `rates` T5's grid, `long_epochs` the epochs
+    of T1's longer DPPO run (0: none), applied after `overrides`."""
     configs, overrides = configs or {}, overrides or {}
+    if "pruner" in overrides:
+        raise ValueError("overrides: 'pruner' is what a study's rows differ in; give a row another YAML file with "
+                         "`configs` ({row label: file}) instead")
+    left_out: dict[tuple[str, str], list[str]] = {}
 
     def apply(layout: dict, extra=lambda sub: {}) -> dict:
-        return {k: (configs.get(k, configs.get(cfg, cfg)), {**over, **overrides, **extra(sub)}, sub)
-                for k, (cfg, over, sub) in layout.items()}
+        out = {}
+        for label, (cfg, over, sub) in layout.items():
+            cfg = configs.get(label, configs.get(cfg, cfg))
+            kept, left = row_overrides(cfg, over, overrides)
+            for name, why in left.items():
+                labels = left_out.setdefault((name, why), [])
+                labels += [label] if label not in labels else []
+            out[label] = (cfg, {**over, **kept, **extra(sub)}, sub)
+        return out
     if study == "main_results":
-        return {"T1": {**apply(T1_RUNS), **apply(t1_long(long_epochs), lambda sub: {"epochs": long_epochs})}}
-    if study == "algorithms":
-        return {"T2": apply(T2_RUNS)}
-    if study == "scale":
-        return {"T3": apply(t3_runs(*model_labels),
-                            lambda sub: {"model_name_or_path": large_model} if "large" in sub else {})}
-    if study == "ablations":
-        return {"T4": apply(T4_RUNS), "T5": apply(t5_runs(rates))}
-    return {}
+        layouts = {"T1": {**apply(T1_RUNS), **apply(t1_long(long_epochs), lambda sub: {"epochs": long_epochs})}}
+    elif study == "algorithms":
+        layouts = {"T2": apply(T2_RUNS)}
+    elif study == "scale":
+        layouts = {"T3": apply(t3_runs(*model_labels),
+                               lambda sub: {"model_name_or_path": large_model} if "large" in sub else {})}
+    elif study == "ablations":
+        layouts = {"T4": apply(T4_RUNS), "T5": apply(t5_runs(rates))}
+    else:
+        layouts = {}
+    for (name, why), labels in left_out.items():
+        report(f"overrides: {name} not applied to {'; '.join(labels)} ({why})")
+    return layouts
 
 
 def runs_for(layout: dict, seeds=(0,)) -> dict[str, list[tuple[str, dict, str]]]:

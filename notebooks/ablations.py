@@ -24,10 +24,12 @@ import os
 
 rates = [0.3, 0.5, 0.7]  # r_q and r_o of the T5 grid
 configs = {}  # YAML files by row label or by the CPU config they replace (paper profile: its Qwen3 recipes)
-overrides = {}  # TrainConfig fields applied to every run (paper scale: model, data, setup)
+overrides = {}  # TrainConfig fields for every run where valid (what is left out is reported): not a pruning
+# field the row's pruner ignores, nor a field the row sets beyond the study setup (T4's stage, T5's rates, T2's algorithm)
 launch = {}  # {accelerate_config, num_processes, launcher}: each run its own launched process group (dppo.launch); {}: in this process
-results_dir = ""  # the run folders' root, under the profile's (experiments/results, or .../paper); "": that root
-smoke = os.environ.get("DPPO_SMOKE") == "1"
+results_dir = ""  # runs under <profile root>/results_dir (root: experiments/results, or .../paper),
+# tables and figures in its figures/; "": the root, and figures/ (paper: figures/paper)
+smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
@@ -37,7 +39,7 @@ from dppo import figures, results, studies, tables
 
 if smoke:
     rates = list(studies.T5_SMOKE_RATES)
-out = results.figures_dir(smoke, profile)
+out = results.figures_dir(smoke, profile, results_dir)
 layouts = studies.study_layouts("ablations", configs=configs, overrides=overrides, rates=rates)
 runs4 = results.run_layout(layouts["T4"], smoke=smoke, launch=launch, root=results_dir, profile=profile)
 t4 = tables.table(runs4, "GRPO", "T4_ablations", studies.caption("T4", profile), "T4", out, cpu_columns=profile == "cpu")

@@ -26,10 +26,12 @@
 import os
 
 configs = {}  # YAML files by row label or by the CPU config they replace (paper profile: its Qwen3 recipes)
-overrides = {}  # TrainConfig fields applied to every run (e.g. paper-scale model and data)
+overrides = {}  # TrainConfig fields for every run where valid (what is left out is reported): not a pruning
+# field the row's pruner ignores, nor a field the row sets beyond the study setup (T4's stage, T5's rates, T2's algorithm)
 launch = {}  # {accelerate_config, num_processes, launcher}: each run its own launched process group (dppo.launch); {}: in this process
-results_dir = ""  # the run folders' root, under the profile's (experiments/results, or .../paper); "": that root
-smoke = os.environ.get("DPPO_SMOKE") == "1"
+results_dir = ""  # runs under <profile root>/results_dir (root: experiments/results, or .../paper),
+# tables and figures in its figures/; "": the root, and figures/ (paper: figures/paper)
+smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
@@ -40,7 +42,7 @@ from dppo import results, studies, tables
 
 layout = studies.study_layouts("algorithms", configs=configs, overrides=overrides)["T2"]
 runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir, profile=profile)
-out = results.figures_dir(smoke, profile)
+out = results.figures_dir(smoke, profile, results_dir)
 t2 = tables.table(runs, studies.T2_BASE, "T2_algorithms", studies.caption("T2", profile), "T2", out, cpu_columns=profile == "cpu")
 display(Markdown((out / "T2_algorithms.md").read_text()))
 

@@ -24,8 +24,10 @@
 import os
 
 samples = 32  # answers sampled per checkpoint
-split = "ood"
-smoke = os.environ.get("DPPO_SMOKE") == "1"
+split = "ood"  # the held-out split the problem is picked from
+results_dir = ""  # main_results' results_dir (T1's runs, read), case_study.csv beside them, F5 in its figures/;
+# "": the profile's (paper: where experiments/paper/main_results.yaml put T1), and figures/ (paper: figures/paper)
+smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
@@ -34,19 +36,19 @@ from IPython.display import Markdown, display
 from dppo import figures, results, studies
 from dppo.case_study import case_study_answers
 
-root = results.results_root(smoke, profile)
-t1_root = results.study_root(studies.paper_params("main_results").get("results_dir", "") if profile == "paper" else "",
-                             smoke, profile)  # where main_results trained T1
+t1_dir = results_dir or (studies.paper_params("main_results").get("results_dir", "") if profile == "paper" else "")
+t1_root = results.study_root(t1_dir, smoke, profile)  # where main_results trained T1
+out = results.figures_dir(smoke, profile, results_dir)
 runs = {label: dirs[0] for label, dirs in studies.run_dirs(studies.T1_RUNS, seeds=[0], root=t1_root).items()}  # seed 0
 if smoke:
     samples = 4
     runs = {label: dirs[0] for label, dirs in results.run_layout(studies.T1_RUNS, smoke=True).items()}
 answers = case_study_answers(runs, split=split, samples=samples)
-answers.to_csv(root / "case_study.csv", index=False)
+answers.to_csv(t1_root / "case_study.csv", index=False)
 answers.head(20)
 
 # %%
-fig = figures.figure_f5(answers, out=results.figures_dir(smoke, profile))
+fig = figures.figure_f5(answers, out=out)
 
 # %% [markdown]
 # ## What this shows beside the paper
@@ -65,4 +67,4 @@ assert set(answers["method"]) == set(runs) and (answers["samples"] == samples).a
 assert (answers.groupby(["method", "step"])["count"].sum() == samples).all()
 first = {m: sorted(zip(a["answer"].astype(str), a["count"])) for m, a in answers[answers["step"] == 0].groupby("method")}
 assert len({tuple(v) for v in first.values()}) == 1, first
-assert (results.figures_dir(smoke, profile) / "F5_case_study.png").is_file()
+assert (out / "F5_case_study.png").is_file()

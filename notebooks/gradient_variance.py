@@ -33,15 +33,16 @@ import os
 
 prompts = 8  # B
 group_size = 8  # G
-rates = [0.0, 0.3, 0.5, 0.7, 0.9]
+rates = [0.0, 0.3, 0.5, 0.7, 0.9]  # r_q = r_o of each point of F3
 draws = 3000  # mask draws per estimator and rate
 seed = 0  # rollout seed of the batch above; the selection batches start here too
 selection_batches = 10  # batches the default size proxy and mixture are chosen on (seeds from `seed`)
 report_batches = 10  # batches the proxies are reported on (seeds from `report_seed`), never used to choose
-report_seed = 100
+report_seed = 100  # rollout seed of the first report batch
 mixes = [0.0, 0.1, 0.25]  # uniform_mix values compared (lambda: pi = (1 - lambda) proportional + lambda uniform)
-results_dir = ""  # where variance.csv goes ("" = experiments/results/gradient_variance)
-smoke = os.environ.get("DPPO_SMOKE") == "1"
+results_dir = ""  # results under <profile root>/results_dir (root: experiments/results, or .../paper):
+# the CSVs in <...>/gradient_variance, F3 in <...>/figures; "": the root, and figures/ (paper: figures/paper)
+smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
@@ -59,7 +60,7 @@ from dppo.pruning import CPPO, DPPO, GRESO, BiasedDPPO
 if smoke:
     prompts, group_size, rates, draws = 3, 4, [0.0, 0.5], 300
     selection_batches, report_batches, mixes = 2, 2, [0.0, 0.25]
-results_dir = Path(results_dir or results.results_root(smoke, profile) / "gradient_variance")
+data_dir = results.study_root(results_dir, smoke, profile) / "gradient_variance"  # the CSVs
 DEFAULT = {"size_proxy": TrainConfig.size_proxy, "uniform_mix": TrainConfig.uniform_mix}  # the library's defaults
 model, tok = load_policy("embedded")
 # the selection batches; the first (rollout seed `seed`, or the next seed whose prompts give half the groups with zero
@@ -101,8 +102,8 @@ rows.append({"estimator": "GRESO", "rate": float("nan"), **stats, "closed_form_v
 df = pd.DataFrame(rows)
 df["bias_in_se"] = df["bias"] / df["bias_se"].clip(lower=1e-9 * df["full_grad_sq"] ** 0.5)  # r = 0: both ~0
 df["variance_rel"] = df["variance"] / df["full_grad_sq"]
-Path(results_dir).mkdir(parents=True, exist_ok=True)
-df.to_csv(Path(results_dir) / "variance.csv", index=False)
+data_dir.mkdir(parents=True, exist_ok=True)
+df.to_csv(data_dir / "variance.csv", index=False)
 df.round(4)
 
 # %% [markdown]
@@ -124,7 +125,7 @@ comparison = pd.DataFrame({
     / ratio[("variance", "DPPO (r_q = r_o = r)")],
     "variance ratio (closed form)": ratio[("closed_form_variance", "DPPO proportional (same budget)")]
     / ratio[("closed_form_variance", "DPPO (r_q = r_o = r)")]})
-comparison.to_csv(Path(results_dir) / "proportional_vs_uniform.csv")
+comparison.to_csv(data_dir / "proportional_vs_uniform.csv")
 comparison.round(3)
 
 # %% [markdown]
@@ -173,8 +174,8 @@ for split, batches in (("selection", selection), ("report", report)):
                    for row in variance.rule_variances(b, [r for r in rates if r > 0], mixes)]
         correlations.append({"split": split, "batch_seed": batch_seed, **variance.proxy_correlations(b)})
 ratios, correlations = pd.DataFrame(ratios), pd.DataFrame(correlations)
-ratios.to_csv(Path(results_dir) / "proxies.csv", index=False)
-correlations.to_csv(Path(results_dir) / "proxy_correlations.csv", index=False)
+ratios.to_csv(data_dir / "proxies.csv", index=False)
+correlations.to_csv(data_dir / "proxy_correlations.csv", index=False)
 candidates = ratios[(ratios["split"] == "selection") & ratios["rule"].str.startswith("proportional")]
 score = candidates.groupby("rule")["ratio"].agg(worst="max", median="median").sort_values(["worst", "median"])
 chosen = score.index[0]
@@ -194,12 +195,12 @@ proxy_table = reported.groupby(["rule", "rate"])["ratio"].apply(summary).unstack
 proxy_table.columns = [f"r = {r}: median [min, max], batches below uniform" for r in proxy_table.columns]
 below = reported.pivot_table(index="batch_seed", columns="rule", values="ratio", aggfunc="max") < 1
 proxy_table["below uniform at every rate"] = below.sum().astype(int).astype(str) + f"/{len(below)}"
-proxy_table.to_csv(Path(results_dir) / "proxies_report.csv")
+proxy_table.to_csv(data_dir / "proxies_report.csv")
 display(Markdown(proxy_table.to_markdown()))
 correlations.groupby("split").median(numeric_only=True).drop(columns="batch_seed").round(2)
 
 # %%
-fig = figures.figure_f3(results_dir, out=results.figures_dir(smoke, profile), rules=[default, chosen])
+fig = figures.figure_f3(data_dir, out=results.figures_dir(smoke, profile, results_dir), rules=[default, chosen])
 
 # %% [markdown]
 # ## What this shows beside the paper

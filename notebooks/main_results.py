@@ -27,11 +27,13 @@
 import os
 
 configs = {}  # {label: yaml} to replace the CPU-scale configs of T1 (e.g. paper scale)
-overrides = {}  # TrainConfig fields applied to every run
+overrides = {}  # TrainConfig fields for every run where valid (what is left out is reported): not a pruning
+# field the row's pruner ignores, nor a field the row sets beyond the study setup (T4's stage, T5's rates, T2's algorithm)
 seeds = [0, 1, 2]  # each method is trained once per seed (seed = data, order and sampling streams)
 launch = {}  # {accelerate_config, num_processes, launcher}: each run its own launched process group (dppo.launch); {}: in this process
-results_dir = ""  # the run folders' root, under the profile's (experiments/results, or .../paper); "": that root
-smoke = os.environ.get("DPPO_SMOKE") == "1"
+results_dir = ""  # runs under <profile root>/results_dir (root: experiments/results, or .../paper),
+# tables and figures in its figures/; "": the root, and figures/ (paper: figures/paper)
+smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 long_epochs = 8  # epochs of the DPPO run trained for about GRPO's time (T1 at equal compute); 0: no such run
 
@@ -45,7 +47,7 @@ if smoke:
     seeds = seeds[:2]  # two seeds still give intervals
 layout = studies.study_layouts("main_results", configs=configs, overrides=overrides, long_epochs=long_epochs)["T1"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile)
-out = results.figures_dir(smoke, profile)
+out = results.figures_dir(smoke, profile, results_dir)
 t1 = tables.table(runs, "GRPO", "T1_main_results", studies.caption("T1", profile), "T1", out,
                   cpu_columns=profile == "cpu", at_equal_compute=True, longer=studies.longer_rows(layout))
 equal = pd.read_csv(out / "T1_main_results_equal_compute.csv", index_col=0)

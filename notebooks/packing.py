@@ -24,8 +24,10 @@
 import os
 
 capacities = [128, 256, 512, 1024]  # packed row capacities C
-reps = 5
-smoke = os.environ.get("DPPO_SMOKE") == "1"
+reps = 5  # timed repetitions of each layout's forward and backward (their mean time is reported)
+results_dir = ""  # results under <profile root>/results_dir (root: experiments/results, or .../paper):
+# packing.csv in <...>/packing, F4 in <...>/figures (it reads T1/T4's runs there); "": the root, and figures/
+smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
@@ -37,16 +39,17 @@ from IPython.display import Markdown, display
 
 from dppo import figures, results, studies
 
-results_dir = results.results_root(smoke, profile) / "packing"
-results_dir.mkdir(parents=True, exist_ok=True)
-cmd = [sys.executable, str(studies.ROOT / "bench" / "packing.py"), "--csv", str(results_dir / "packing.csv"), "--reps", str(1 if smoke else reps),
+root = results.study_root(results_dir, smoke, profile)
+data_dir = root / "packing"
+data_dir.mkdir(parents=True, exist_ok=True)
+cmd = [sys.executable, str(studies.ROOT / "bench" / "packing.py"), "--csv", str(data_dir / "packing.csv"), "--reps", str(1 if smoke else reps),
        "--capacity", *map(str, capacities[:2] if smoke else capacities)] + (["--smoke"] if smoke else [])
 print(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-bench = pd.read_csv(results_dir / "packing.csv")
+bench = pd.read_csv(data_dir / "packing.csv")
 bench
 
 # %%
-fig = figures.figure_f4(results_dir, results.results_root(smoke, profile), out=results.figures_dir(smoke, profile))
+fig = figures.figure_f4(data_dir, root, out=results.figures_dir(smoke, profile, results_dir))
 
 # %% [markdown]
 # ## What this shows beside the paper

@@ -23,9 +23,9 @@
 # %% tags=["parameters"]
 import os
 
-results_dir = ""  # root of every study's run folders ("" = the profile's: experiments/results, or for the paper
-# profile the folder each experiments/paper/<study>.yaml names)
-smoke = os.environ.get("DPPO_SMOKE") == "1"
+results_dir = ""  # every study's results under <profile root>/results_dir, tables and figures in its figures/; "": the
+# profile's (paper: the folder each experiments/paper/<study>.yaml names), and figures/ (paper: figures/paper)
+smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 complete = True  # every study's results must be there (False, as after ./reproduce.sh --study X: what exists)
 
@@ -37,8 +37,8 @@ from IPython.display import Image, Markdown, display
 
 from dppo import figures, results, studies, tables
 
-root = Path(results_dir) if results_dir else results.results_root(smoke, profile)
-out = results.figures_dir(smoke, profile)
+root = results.study_root(results_dir, smoke, profile)
+out = results.figures_dir(smoke, profile, results_dir)
 paper = profile == "paper" and not results_dir  # each study's runs where its experiments/paper/<study>.yaml put them
 seeds = {s.name: (s.seeds[:2] if smoke else studies.paper_params(s.name).get("seeds", s.seeds) if paper else s.seeds)
          for s in studies.STUDIES}

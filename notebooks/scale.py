@@ -26,12 +26,14 @@
 import os
 
 configs = {}  # YAML files by row label or by the CPU config they replace (paper profile: its Qwen3 recipes)
-overrides = {}  # applied to every run (paper scale: the base model, data and setup)
+overrides = {}  # TrainConfig fields for every run where valid (what is left out is reported): not a pruning
+# field the row's pruner ignores, nor a field the row sets beyond the study setup (T4's stage, T5's rates, T2's algorithm)
 large_model = "embedded-large"  # the larger model's model_name_or_path (paper scale: hf:Qwen/Qwen3-8B)
 model_labels = ["embedded (0.8 M)", "embedded-large (1.6 M)"]  # the (small, large) models' names in the rows
 launch = {}  # {accelerate_config, num_processes, launcher}: each run its own launched process group (dppo.launch); {}: in this process
-results_dir = ""  # the run folders' root, under the profile's (experiments/results, or .../paper); "": that root
-smoke = os.environ.get("DPPO_SMOKE") == "1"
+results_dir = ""  # runs under <profile root>/results_dir (root: experiments/results, or .../paper),
+# tables and figures in its figures/; "": the root, and figures/ (paper: figures/paper)
+smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%
@@ -42,7 +44,7 @@ from dppo import results, studies, tables
 layout = studies.study_layouts("scale", configs=configs, overrides=overrides, large_model=large_model,
                                model_labels=model_labels)["T3"]
 runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir, profile=profile)
-out = results.figures_dir(smoke, profile)
+out = results.figures_dir(smoke, profile, results_dir)
 small, large = model_labels
 t3 = tables.table(runs, studies.t3_base(layout), "T3_scale", studies.caption("T3", profile), "T3", out, cpu_columns=profile == "cpu")
 display(Markdown((out / "T3_scale.md").read_text()))

@@ -1,7 +1,18 @@
-"""Run folders reused only for what trained them (dppo.results.run): the same config and the same code."""
+"""Run folders reused only for what trained them (dppo.results.run): the same config and the same code; a study's
+overrides and results_dir (dppo.studies, dppo.results)."""
 
-from dppo import results
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dppo import results, studies
+from dppo.config import TrainConfig
 from dppo.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_finished_run_is_reused_only_with_the_same_config_and_code(tmp_path, monkeypatch, embedded):
@@ -23,3 +34,56 @@ def test_a_finished_run_is_reused_only_with_the_same_config_and_code(tmp_path, m
     results.run("experiments/cpu/grpo.yaml", out, smoke=True, lr=2e-4)
     assert fits == [False, False, False] and (out / "final").is_dir()
     assert (out / results.CODE_FILE).read_text().strip() == "0" * 64
+
+
+def _rate(label: str, name: str) -> float:
+    return float(dict(kv.split("=") for kv in label.split(", "))[name])
+
+
+def test_study_overrides_apply_only_where_valid_and_every_run_stays_a_valid_config():
+    """A study's `overrides` reach every run except a pruning field the row's pruner does not read (a rate on the GRPO
+    row would stop the study) and a field the row sets beyond the study setup (T5's grid, T4's ablated stage)."""
+    notes: list[str] = []
+    over = {"prompt_prune_rate": 0.3, "completion_prune_rate": 0.6, "epochs": 1, "lr": 2e-4}
+    layouts = {**studies.study_layouts("main_results", overrides=over, report=notes.append),
+               **studies.study_layouts("ablations", overrides=over, report=notes.append)}
+    for table, layout in layouts.items():
+        for label, (config, fields, _) in layout.items():
+            cfg = TrainConfig.load(ROOT / config, fields)  # raised ConfigError before: a rate on the GRPO row
+            assert cfg.lr == 2e-4 and cfg.epochs == (8 if "8 epochs" in label else 1), (table, label)
+            if label.startswith("r_q="):  # T5's grid stays the grid
+                assert (cfg.prompt_prune_rate, cfg.completion_prune_rate) == (_rate(label, "r_q"), _rate(label, "r_o"))
+    t1, t4 = layouts["T1"], layouts["T4"]
+    assert (t1["DPPO"][1]["prompt_prune_rate"], t1["DPPO"][1]["completion_prune_rate"]) == (0.3, 0.6)
+    assert t1["CPPO"][1]["completion_prune_rate"] == 0.6 and "prompt_prune_rate" not in t1["CPPO"][1]
+    assert not {"prompt_prune_rate", "completion_prune_rate"} & (set(t1["GRPO"][1]) | set(t1["GRESO"][1]))
+    for label, rates in (("prompt stage only", (0.3, 0.0)), ("completion stage only", (0.0, 0.6))):  # the ablated stage
+        assert (t4[label][1]["prompt_prune_rate"], t4[label][1]["completion_prune_rate"]) == rates
+    # what is left out is said, a line per field and reason, naming the rows
+    for row, pruner in (("GRPO", "none"), ("GRESO", "greso"), ("CPPO", "cppo")):
+        assert f"overrides: prompt_prune_rate not applied to {row} (pruner {pruner} does not read it)" in notes, notes
+    assert any("completion stage only" in n and "the row sets it" in n for n in notes), notes
+    assert not any("lr" in n or "epochs" in n for n in notes), notes
+    with pytest.raises(ValueError, match="'pruner' is what a study's rows differ in"):
+        studies.study_layouts("main_results", overrides={"pruner": "cppo"})
+
+
+def test_results_dir_takes_the_tables_and_figures_along():
+    assert results.figures_dir() == results.FIGURES and results.figures_dir(profile="paper") == results.FIGURES / "paper"
+    assert results.figures_dir(False, "cpu", "mine") == results.RESULTS / "mine" / "figures"
+    assert results.figures_dir(False, "paper", "mine") == results.RESULTS / "paper" / "mine" / "figures"
+    assert results.figures_dir(True, "cpu", "/abs/mine") == Path("/abs/mine/figures")
+
+
+def test_a_notebook_with_results_dir_leaves_the_default_figures_alone(tmp_path):
+    """The packing notebook (smoke size) with results_dir: its CSV and F4 go there, nothing to the default figures."""
+    default = results.figures_dir(smoke=True) / "F4_packing.png"
+    before = default.stat().st_mtime_ns if default.exists() else None
+    done = subprocess.run([str(Path(sys.executable).with_name("papermill")), "notebooks/packing.ipynb",
+                           str(tmp_path / "packing.ipynb"), "-p", "results_dir", str(tmp_path / "mine"),
+                           "--no-progress-bar"], cwd=ROOT, env={**os.environ, "DPPO_SMOKE": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "mine" / "packing" / "packing.csv").is_file()
+    assert (tmp_path / "mine" / "figures" / "F4_packing.png").is_file()
+    assert (default.stat().st_mtime_ns if default.exists() else None) == before
