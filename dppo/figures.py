@@ -82,10 +82,14 @@ def figure_f2(runs: dict[str, list[Path]], baseline: str = "GRPO", name: str = "
 def figure_f3(results_dir: str | Path, name: str = "F3_gradient_variance", out: Path = FIGURES,
               rules: list[str] | None = None):
     """Variance (relative to ||grad L||^2) vs rate, measured and closed form; bias in standard errors; and, from
-    proxies.csv when present, each of `rules` (proportional rules by name) and the oracle against the uniform rule
-    over the report batches (median, min-max band)."""
+    proxies.csv when present, each of `rules` (proportional rules by name; default: the library's, TrainConfig's
+    `size_proxy` and `uniform_mix`), |A| alone and the oracle against the uniform rule over the report batches
+    (median, min-max band). Its numbers go beside it: <name>.csv (variance.csv) and <name>_proportional.csv (per rule
+    and rate over the report batches: median, min, max of variance / the uniform rule's, batches below it)."""
     plt = _plt()
     df = pd.read_csv(Path(results_dir) / "variance.csv")
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / f"{name}.csv", index=False)
     proxies = Path(results_dir) / "proxies.csv"
     fig, axes = plt.subplots(1, 3 if proxies.exists() else 2, figsize=(15 if proxies.exists() else 10, 3.6))
     ax1, ax2 = axes[:2]
@@ -114,6 +118,16 @@ def figure_f3(results_dir: str | Path, name: str = "F3_gradient_variance", out: 
     ax2.legend(fontsize=7)
     if proxies.exists():
         ratios = pd.read_csv(proxies).query("split == 'report'")
+        if rules is None:
+            from dppo.config import TrainConfig
+            from dppo.variance import rule_name
+
+            rules = [rule_name(TrainConfig.size_proxy, TrainConfig.uniform_mix)]
+        summary = ratios.groupby(["rule", "rate"])["ratio"].agg(["median", "min", "max"])
+        summary["batches_below_uniform"] = ratios.groupby(["rule", "rate"])["ratio"].apply(lambda d: int((d < 1).sum()))
+        worst = ratios.groupby(["rule", "batch_seed"])["ratio"].max()
+        summary = summary.join((worst < 1).groupby("rule").sum().rename("batches_below_at_every_rate"), on="rule")
+        summary.assign(batches=ratios["batch_seed"].nunique()).to_csv(out / f"{name}_proportional.csv")
         ax3 = axes[2]
         for rule in dict.fromkeys([*(rules or []), "proportional, adv, mix 0", "oracle"]):  # in order, once each
             d = ratios[ratios["rule"] == rule].groupby("rate")["ratio"]
@@ -131,10 +145,12 @@ def figure_f3(results_dir: str | Path, name: str = "F3_gradient_variance", out: 
 
 
 def figure_f4(packing_dir: str | Path, results: str | Path = RESULTS, name: str = "F4_packing", out: Path = FIGURES):
-    """Density and update throughput per layout (bench/packing.py), and per-step density of DPPO with and
-    without Dense Prompt Packing (the T4 runs) when those exist."""
+    """Density and update throughput per layout (bench/packing.py; its numbers go beside the figure, <name>.csv), and
+    per-step density of DPPO with and without Dense Prompt Packing (the T4 runs) when those exist."""
     plt = _plt()
     bench = pd.read_csv(Path(packing_dir) / "packing.csv")
+    out.mkdir(parents=True, exist_ok=True)
+    bench.to_csv(out / f"{name}.csv", index=False)
     dense = Path(results) / T4_RUNS["DPPO (prompt + completion, 1/pi, packing)"][2] / "seed0"
     nopack = Path(results) / T4_RUNS["without Dense Prompt Packing"][2] / "seed0"
     per_step = dense.joinpath("metrics.jsonl").is_file() and nopack.joinpath("metrics.jsonl").is_file()

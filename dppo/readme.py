@@ -1,5 +1,5 @@
-"""The README's results table, generated from the committed tables `figures/T*.csv` so that each number has one
-source (tests/test_readme.py checks that the README carries exactly this table). `python -m dppo.readme` rewrites
+"""The README's results table, generated from the committed tables and figure data `figures/T*.csv`, `F3_*.csv`,
+`F4_packing.csv` so that each number has one source (tests/test_readme.py checks that the README carries exactly this table). `python -m dppo.readme` rewrites
 it in place after `./reproduce.sh` has regenerated the tables."""
 
 from __future__ import annotations
@@ -35,8 +35,43 @@ def _run(row: pd.Series) -> str:
             f"{_value(row, 'acc_gain', ' points', '+')}")
 
 
+def _f3(figures: Path) -> str:
+    """F3: DPPO's variance and bias against the rate, the baselines' bias, and the default proportional rule."""
+    df = pd.read_csv(figures / "F3_gradient_variance.csv")
+    norm = df["full_grad_sq"].iloc[0] ** 0.5
+    at = {est: d[d["rate"] > 0] for est, d in df.groupby("estimator")}
+    dppo, biased, cppo = at["DPPO (r_q = r_o = r)"], at["DPPO without 1/pi"], at["CPPO (P = r)"]
+    rates = "/".join(f"{r:g}" for r in dppo["rate"])
+    text = (f"DPPO variance / \|grad L\|^2 at r = {rates}: {', '.join(f'{v:.2f}' for v in dppo['variance_rel'])}; "
+            f"DPPO's bias within {dppo['bias_in_se'].max():.1f} Monte-Carlo s.e. (without 1/pi: "
+            f"{biased['bias_in_se'].min():.0f}-{biased['bias_in_se'].max():.0f} s.e.); bias / \|grad L\|: CPPO "
+            f"{cppo['bias'].min() / norm:.2f}-{cppo['bias'].max() / norm:.2f}, GRESO {df.loc[df['estimator'] == 'GRESO', 'bias'].iloc[0] / norm:.2f}")
+    proportional = figures / "F3_gradient_variance_proportional.csv"
+    if proportional.is_file():
+        from dppo.config import TrainConfig
+        from dppo.variance import rule_name
+
+        p = pd.read_csv(proportional)
+        p = p[p["rule"] == rule_name(TrainConfig.size_proxy, TrainConfig.uniform_mix)]
+        text += (f"; proportional inclusion (default proxy), same budget: median {p['median'].min():.2f}-"
+                 f"{p['median'].max():.2f}x the uniform rule's variance, below it at every rate on "
+                 f"{p['batches_below_at_every_rate'].iloc[0]}/{p['batches'].iloc[0]} batches")
+    return text
+
+
+def _f4(figures: Path) -> str:
+    """F4: density and update throughput of one DPPO step's update, padded vs packed vs shared (C = 256)."""
+    b = pd.read_csv(figures / "F4_packing.csv").set_index("layout")
+    padded, packed, shared = b.loc["padded"], b.loc["packed C=256"], b.loc["shared C=256"]
+    return (f"one DPPO step's update, C = 256: valid-token density {padded['valid_token_density']:.2f} padded, "
+            f"{packed['valid_token_density']:.2f} packed; loss-token density {padded['loss_token_density']:.2f} padded, "
+            f"{shared['loss_token_density']:.2f} shared-prompt; update throughput {packed['speedup_vs_padded']:.2f}x "
+            f"(packed), {shared['speedup_vs_padded']:.2f}x (shared) padded's")
+
+
 def results_table(figures: Path = ROOT / "figures") -> str:
-    """Markdown table: per table T1-T5, its seeds, what dppo measured at CPU scale and what the paper reports."""
+    """Markdown table: per table T1-T5, its seeds, what dppo measured at CPU scale and what the paper reports; then
+    F3 (one batch for the variance and bias, 10 for the proportional rule) and F4 (one step)."""
     lines = ["| table | seeds | measured here (vs the row's GRPO-family baseline) | paper (GPU scale) |",
              "| --- | --- | --- | --- |"]
     for table, name in TABLES.items():
@@ -51,6 +86,8 @@ def results_table(figures: Path = ROOT / "figures") -> str:
             rows = df[~((df["speedup"] == 1) & (df["acc_gain"] == 0))]  # every row but the baselines
             what = "; ".join(f"{label}: {_run(row)}" for label, row in rows.iterrows())
         lines.append(f"| {table} | {seeds} | {what} | {PAPER[table]} |")
+    lines.append(f"| F3 | - | {_f3(figures)} | {PAPER['F3']} |")
+    lines.append(f"| F4 | - | {_f4(figures)} | {PAPER['F4']} |")
     return "\n".join(lines)
 
 

@@ -195,6 +195,11 @@ def closed_form_variance(gram: torch.Tensor, pruner, history, rewards: torch.Ten
             "kept": sum(p * k for p, _, _, k, _ in moments) / n, "rolled": sum(p * r for p, *_, r in moments) / B}
 
 
+def rule_name(size_proxy: str, uniform_mix: float) -> str:
+    """A proportional rule's name in `rule_variances`' rows (and F3): "proportional, <proxy>, mix <lambda>"."""
+    return f"proportional, {size_proxy}, mix {uniform_mix:g}"
+
+
 def rule_variances(batch: dict, rates: list[float], mixes: list[float], kl_coef: float = 0.1) -> list[dict]:
     """On one batch (`gradient_gram`'s output), the closed-form variance of the uniform rule and, at the same budget,
     of the proportional rule with every SIZE_PROXIES proxy and mixture lambda in `mixes`, and of the oracle, at each
@@ -209,7 +214,7 @@ def rule_variances(batch: dict, rates: list[float], mixes: list[float], kl_coef:
     for r in rates:
         uniform = closed_form_variance(gram, DPPO(prompt_rate=r, completion_rate=r), history, rewards, adv)["variance"]
         rules = [("uniform", DPPO(prompt_rate=r, completion_rate=r), None)]
-        rules += [(f"proportional, {proxy}, mix {mix:g}", DPPO(prompt_rate=r, completion_rate=r, inclusion="proportional",
+        rules += [(rule_name(proxy, mix), DPPO(prompt_rate=r, completion_rate=r, inclusion="proportional",
                                                                size_proxy=proxy, uniform_mix=mix, kl_coef=kl_coef,
                                                                kl_estimate=kl), batch["logit_grad"])
                   for proxy in SIZE_PROXIES for mix in mixes]

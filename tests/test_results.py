@@ -87,3 +87,28 @@ def test_a_notebook_with_results_dir_leaves_the_default_figures_alone(tmp_path):
     assert (tmp_path / "mine" / "packing" / "packing.csv").is_file()
     assert (tmp_path / "mine" / "figures" / "F4_packing.png").is_file()
     assert (default.stat().st_mtime_ns if default.exists() else None) == before
+
+
+def test_f3_draws_the_default_rule_and_writes_its_numbers_beside_it(tmp_path):
+    """paper_figures redraws F3 without naming rules: the library's default proportional rule is still drawn, and the
+    numbers the README quotes are written beside the figure."""
+    import pandas as pd
+
+    from dppo import figures
+    from dppo.variance import rule_name
+
+    rates = [0.0, 0.5]
+    pd.DataFrame([{"estimator": "DPPO (r_q = r_o = r)", "rate": r, "bias": 0.0, "bias_se": 0.1, "variance": r,
+                   "variance_rel": r, "closed_form_variance": r, "full_grad_sq": 1.0, "bias_in_se": 0.0}
+                  for r in rates]).to_csv(tmp_path / "variance.csv", index=False)
+    default = rule_name(TrainConfig.size_proxy, TrainConfig.uniform_mix)
+    pd.DataFrame([{"split": "report", "batch_seed": s, "rate": 0.5, "rule": rule, "ratio": ratio}
+                  for s in (100, 101) for rule, ratio in ((default, 0.5 + s - 100), ("oracle", 0.1))]
+                 ).to_csv(tmp_path / "proxies.csv", index=False)
+    fig = figures.figure_f3(tmp_path, out=tmp_path / "out")
+    assert default in [t.get_text() for t in fig.axes[2].get_legend().get_texts()]
+    assert pd.read_csv(tmp_path / "out" / "F3_gradient_variance.csv")["variance_rel"].tolist() == rates
+    summary = pd.read_csv(tmp_path / "out" / "F3_gradient_variance_proportional.csv").set_index("rule")
+    assert summary.loc[default, ["median", "min", "max"]].tolist() == [1.0, 0.5, 1.5]
+    assert summary.loc[default, "batches_below_uniform"] == 1 and summary.loc[default, "batches_below_at_every_rate"] == 1
+    assert summary.loc["oracle", "batches_below_at_every_rate"] == 2 and (summary["batches"] == 2).all()
