@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The reproduction: bootstrap .venv, run every study notebook at CPU scale on the embedded default (papermill),
-# then paper_figures (every table and figure of docs/method.md §6 into figures/). Executed notebooks are kept under
-# experiments/results/notebooks/.
+# then paper_figures (every table and figure of docs/method.md §6 into figures/, and the README's results table from
+# them). Executed notebooks are kept under experiments/results/notebooks/.
 #
 #   ./reproduce.sh                          every study, then paper_figures
 #   ./reproduce.sh --study main_results     one study (a notebook name), then paper_figures
@@ -104,4 +104,5 @@ printf '  %s\n' "${summary[@]}"
 figs="$("$VENV/bin/python" -c 'import os, sys; from dppo import results
 print(os.path.relpath(results.figures_dir(False, *sys.argv[1:])))' "$profile" "$rd")"
 echo "[reproduce] regenerated ($figs/): $(ls "$figs" | tr '\n' ' ')"
+if [ "$figs" = figures ]; then "$VENV/bin/python" -m dppo.readme; fi  # the README's results table, from figures/ (one source)
 echo "[reproduce] executed notebooks, with every table and figure inline: $out/notebooks/"
