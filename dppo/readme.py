@@ -1,5 +1,6 @@
-"""The README's results table, generated from the committed tables and figure data `figures/T*.csv`, `F3_*.csv`,
-`F4_packing.csv` so that each number has one source (tests/test_readme.py checks that the README carries exactly this table). `python -m dppo.readme` rewrites
+"""The README's results table, generated from the committed tables and figure data (`figures/T*.csv`, `F3_*.csv`,
+`F4_packing.csv`) so that each number has one source (tests/test_readme.py checks that the README carries exactly
+this table). `python -m dppo.readme` (and `./reproduce.sh`, at its end) rewrites
 it in place after `./reproduce.sh` has regenerated the tables."""
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ def _f3(figures: Path) -> str:
     at = {est: d[d["rate"] > 0] for est, d in df.groupby("estimator")}
     dppo, biased, cppo = at["DPPO (r_q = r_o = r)"], at["DPPO without 1/pi"], at["CPPO (P = r)"]
     rates = "/".join(f"{r:g}" for r in dppo["rate"])
-    text = (f"DPPO variance / \|grad L\|^2 at r = {rates}: {', '.join(f'{v:.2f}' for v in dppo['variance_rel'])}; "
+    grad = "\\|grad L\\|"  # |grad L|, its bars escaped inside a Markdown table
+    greso = df.loc[df["estimator"] == "GRESO", "bias"].iloc[0] / norm
+    text = (f"DPPO variance / {grad}^2 at r = {rates}: {', '.join(f'{v:.2f}' for v in dppo['variance_rel'])}; "
             f"DPPO's bias within {dppo['bias_in_se'].max():.1f} Monte-Carlo s.e. (without 1/pi: "
-            f"{biased['bias_in_se'].min():.0f}-{biased['bias_in_se'].max():.0f} s.e.); bias / \|grad L\|: CPPO "
-            f"{cppo['bias'].min() / norm:.2f}-{cppo['bias'].max() / norm:.2f}, GRESO {df.loc[df['estimator'] == 'GRESO', 'bias'].iloc[0] / norm:.2f}")
+            f"{biased['bias_in_se'].min():.0f}-{biased['bias_in_se'].max():.0f} s.e.); bias / {grad}: CPPO "
+            f"{cppo['bias'].min() / norm:.2f}-{cppo['bias'].max() / norm:.2f}, GRESO {greso:.2f}")
     proportional = figures / "F3_gradient_variance_proportional.csv"
     if proportional.is_file():
         from dppo.config import TrainConfig
@@ -64,8 +67,8 @@ def _f4(figures: Path) -> str:
     b = pd.read_csv(figures / "F4_packing.csv").set_index("layout")
     padded, packed, shared = b.loc["padded"], b.loc["packed C=256"], b.loc["shared C=256"]
     return (f"one DPPO step's update, C = 256: valid-token density {padded['valid_token_density']:.2f} padded, "
-            f"{packed['valid_token_density']:.2f} packed; loss-token density {padded['loss_token_density']:.2f} padded, "
-            f"{shared['loss_token_density']:.2f} shared-prompt; update throughput {packed['speedup_vs_padded']:.2f}x "
+            f"{packed['valid_token_density']:.2f} packed; loss-token density "
+            f"{padded['loss_token_density']:.2f} padded, {shared['loss_token_density']:.2f} shared-prompt; update throughput {packed['speedup_vs_padded']:.2f}x "
             f"(packed), {shared['speedup_vs_padded']:.2f}x (shared) padded's")
 
 
