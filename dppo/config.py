@@ -288,8 +288,9 @@ class TrainConfig:
                        "YAML and on the command line a space after the colon: \"{dev: my_dev.jsonl}\")",
                        self.eval_datasets)
                 if not path.startswith("hf:") and not Path(path).is_file():
+                    hint = hub_hint(path, " (")
                     raise ConfigError(f"config field 'eval_datasets' entry {split!r}: file {path!r} not found"
-                                      f"{hub_hint(path, ' (')}{')' if hub_hint(path) else ''}")
+                                      f"{hint}{')' if hint else ''}")
         return self
 
     def check_machine(self) -> "TrainConfig":

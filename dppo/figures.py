@@ -119,10 +119,9 @@ def figure_f3(results_dir: str | Path, name: str = "F3_gradient_variance", out: 
     if proxies.exists():
         ratios = pd.read_csv(proxies).query("split == 'report'")
         if rules is None:
-            from dppo.config import TrainConfig
             from dppo.variance import rule_name
 
-            rules = [rule_name(TrainConfig.size_proxy, TrainConfig.uniform_mix)]
+            rules = [rule_name()]
         summary = ratios.groupby(["rule", "rate"])["ratio"].agg(["median", "min", "max"])
         summary["batches_below_uniform"] = ratios.groupby(["rule", "rate"])["ratio"].apply(lambda d: int((d < 1).sum()))
         worst = ratios.groupby(["rule", "batch_seed"])["ratio"].max()

@@ -51,11 +51,10 @@ def _f3(figures: Path) -> str:
             f"{cppo['bias'].min() / norm:.2f}-{cppo['bias'].max() / norm:.2f}, GRESO {greso:.2f}")
     proportional = figures / "F3_gradient_variance_proportional.csv"
     if proportional.is_file():
-        from dppo.config import TrainConfig
         from dppo.variance import rule_name
 
         p = pd.read_csv(proportional)
-        p = p[p["rule"] == rule_name(TrainConfig.size_proxy, TrainConfig.uniform_mix)]
+        p = p[p["rule"] == rule_name()]
         text += (f"; proportional inclusion (default proxy), same budget: median {p['median'].min():.2f}-"
                  f"{p['median'].max():.2f}x the uniform rule's variance, below it at every rate on "
                  f"{p['batches_below_at_every_rate'].iloc[0]}/{p['batches'].iloc[0]} batches")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from dppo.config import TrainConfig
 from dppo.history import PromptHistory
 from dppo.losses import grpo_advantages, policy_objective
 from dppo.pruning import DPPO, SIZE_PROXIES, logit_grad_sizes, prune_step
@@ -195,8 +196,9 @@ def closed_form_variance(gram: torch.Tensor, pruner, history, rewards: torch.Ten
             "kept": sum(p * k for p, _, _, k, _ in moments) / n, "rolled": sum(p * r for p, *_, r in moments) / B}
 
 
-def rule_name(size_proxy: str, uniform_mix: float) -> str:
-    """A proportional rule's name in `rule_variances`' rows (and F3): "proportional, <proxy>, mix <lambda>"."""
+def rule_name(size_proxy: str = TrainConfig.size_proxy, uniform_mix: float = TrainConfig.uniform_mix) -> str:
+    """A proportional rule's name in `rule_variances`' rows (and F3): "proportional, <proxy>, mix <lambda>"; without
+    arguments, the library's default rule (TrainConfig's `size_proxy` and `uniform_mix`)."""
     return f"proportional, {size_proxy}, mix {uniform_mix:g}"
 
 

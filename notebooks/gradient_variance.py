@@ -179,7 +179,7 @@ correlations.to_csv(data_dir / "proxy_correlations.csv", index=False)
 candidates = ratios[(ratios["split"] == "selection") & ratios["rule"].str.startswith("proportional")]
 score = candidates.groupby("rule")["ratio"].agg(worst="max", median="median").sort_values(["worst", "median"])
 chosen = score.index[0]
-default = variance.rule_name(DEFAULT["size_proxy"], DEFAULT["uniform_mix"])
+default = variance.rule_name(**DEFAULT)
 print(f"chosen on {len(selection)} selection batches: {chosen}; the library's default: {default}")
 score.round(3).head(6)
 

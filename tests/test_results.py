@@ -96,13 +96,12 @@ def test_f3_draws_the_default_rule_and_writes_its_numbers_beside_it(tmp_path):
     import pandas as pd
 
     from dppo import figures
-    from dppo.variance import rule_name
 
     rates = [0.0, 0.5]
     pd.DataFrame([{"estimator": "DPPO (r_q = r_o = r)", "rate": r, "bias": 0.0, "bias_se": 0.1, "variance": r,
                    "variance_rel": r, "closed_form_variance": r, "full_grad_sq": 1.0, "bias_in_se": 0.0}
                   for r in rates]).to_csv(tmp_path / "variance.csv", index=False)
-    default = rule_name(TrainConfig.size_proxy, TrainConfig.uniform_mix)
+    default = f"proportional, {TrainConfig.size_proxy}, mix {TrainConfig.uniform_mix:g}"  # the library's default
     pd.DataFrame([{"split": "report", "batch_seed": s, "rate": 0.5, "rule": rule, "ratio": ratio}
                   for s in (100, 101) for rule, ratio in ((default, 0.5 + s - 100), ("oracle", 0.1))]
                  ).to_csv(tmp_path / "proxies.csv", index=False)
