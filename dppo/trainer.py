@@ -14,6 +14,7 @@ of the kept rows, and only the main process writes.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -70,6 +71,14 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]
 
         train = make_train(cfg.train_size, cfg.seed)
         evals = make_eval(cfg.eval_size, cfg.seed, train) if cfg.eval_datasets is None else {}
+    elif cfg.dataset == "arithmetic":
+        from dppo.arithmetic import make_split
+
+        template = prompt_template(cfg)
+        train, evals = make_split(cfg.train_size, cfg.eval_size, cfg.seed)
+        train = [dataclasses.replace(p, prompt=template.replace("{question}", p.prompt)) for p in train]
+        evals = {k: [dataclasses.replace(p, prompt=template.replace("{question}", p.prompt)) for p in v]
+                 for k, v in evals.items()} if cfg.eval_datasets is None else {}
     else:
         train = load_problems(cfg.dataset, "train", prompt_template(cfg))
         evals = {}
@@ -95,13 +104,16 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
 
 
 def prompt_template(cfg: TrainConfig) -> str:
-    """cfg.prompt_template, or the model's own when empty: the embedded task's format on the embedded models (what
-    their warm-start taught), the MATH instruction on any other."""
+    """cfg.prompt_template, or the default when empty: the arithmetic task's instruction on dataset 'arithmetic', the
+    embedded task's format on the embedded models (what their warm-start taught), the MATH instruction on any other."""
+    from dppo import arithmetic
     from dppo.model import EMBEDDED_SPECS
     from dppo.task import PROMPT_TEMPLATE
 
     if cfg.prompt_template:
         return cfg.prompt_template
+    if cfg.dataset == "arithmetic":
+        return arithmetic.PROMPT_TEMPLATE
     return PROMPT_TEMPLATE if cfg.model_name_or_path in EMBEDDED_SPECS else "{question}\n" + MATH_INSTRUCTION
 
 
@@ -242,7 +254,8 @@ class Trainer:
         with timer("rollout"):
             batch = self.engine.generate([self.train[k].prompt for k in keys], self.sampling)
         with timer("reward"):
-            rewards = [math_reward(t, self.train[keys[r // G]].answer, self.cfg.answer_check)
+            rewards = [math_reward(t, self.train[keys[r // G]].answer, self.cfg.answer_check,
+                                   self.cfg.answer_format)
                        for r, t in enumerate(batch.texts)]
         return batch, torch.tensor(rewards, dtype=torch.float32).view(len(keys), G)
 
@@ -569,7 +582,7 @@ class Trainer:
     def run_eval(self) -> dict[str, float]:
         acc = evaluate(self.engine, self.evals, self.cfg.eval_samples, self.cfg.eval_temperature,
                        self.cfg.max_new_tokens, seed=self.cfg.seed + 17 * self.step,
-                       k_per_split=self.cfg.eval_samples_per_split, answer_check=self.cfg.answer_check)
+                       k_per_split=self.cfg.eval_samples_per_split, answer_check=self.cfg.answer_check, answer_format=self.cfg.answer_format)
         self.engine.sleep()  # awake across the splits, asleep before training resumes
         if self.is_main:
             tqdm.write(f"[eval step {self.step}] pass@1 (%): {format_accuracy(acc)}")

