@@ -36,8 +36,9 @@ DATASET_SIZES = {
     "hf:HuggingFaceH4/aime_2024:train": 30, "hf:math-ai/amc23:test": 40, "hf:math-ai/minervamath:test": 272,
     "hf:math-ai/olympiadbench:test": 675, "hf:openai/gsm8k:test:main": 1319,
 }
-EMBEDDED_PARAMS = {"embedded": 0.8e6, "embedded-large": 1.6e6}
+EMBEDDED_PARAMS = {"embedded": 0.8e6, "embedded-large": 1.6e6, "smollm2-135m": 134.5e6}
 STUDIES = tuple(BY_NAME)  # the registry (dppo.studies), in reproduction order
+DEFAULT_STUDIES = tuple(name for name, s in BY_NAME.items() if s.in_default_run)  # ./reproduce.sh without --study
 
 
 def model_params(name: str) -> float:
@@ -53,6 +54,8 @@ def model_params(name: str) -> float:
 def dataset_size(source: str, limit: int | None = None, embedded_size: int = 0) -> int:
     if source == "embedded":
         n = embedded_size
+    elif source == "arithmetic":
+        n = embedded_size  # train_size of its 610 facts
     elif source in DATASET_SIZES:
         n = DATASET_SIZES[source]
     elif Path(source).is_file() and source.endswith(".jsonl"):
@@ -158,7 +161,7 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
                 else:
                     commands.append(f"  (in the notebook's process) dppo train --config {cfg_path} -> {out}")
         rows.append({"study": study, "runs": len(seen), "gpu_hours": hours, "hours_on_gpus": hours / gpus,
-                     "disk_tb": disk / 1e12, "peak_tb": peak / 1e12})
+                     "disk_tb": disk / 1e12, "peak_tb": peak / 1e12, "cpu_minutes": registry.BY_NAME[study].cpu_minutes})
     return commands, rows
 
 
@@ -168,9 +171,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study", choices=STUDIES, action="append", help="one study (repeatable; default all)")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs of the machine (wall-clock column)")
     args = parser.parse_args(argv)
-    commands, rows = plan(args.study or list(STUDIES), args.profile, args.gpus)
+    commands, rows = plan(args.study or list(DEFAULT_STUDIES), args.profile, args.gpus)
     print("# commands")
     print("\n".join(commands))
+    if args.profile == "cpu":
+        print("\n# time on 2 CPU cores (measured: dppo.studies.Study.cpu_minutes)")
+        print("\n".join(f"{r['study']:18s} ~{r['cpu_minutes']:g} min" for r in rows))
+        print(f"{'total':18s} ~{sum(r['cpu_minutes'] for r in rows):.0f} min (+ paper_figures, under a minute)")
+        left = [s for s in STUDIES if s not in DEFAULT_STUDIES and s not in (args.study or [])]
+        if left:
+            print("not in ./reproduce.sh without --study: " + ", ".join(
+                f"{s} (~{BY_NAME[s].cpu_minutes:g} min: ./reproduce.sh --study {s})" for s in left))
+        return 0
     print(f"\n# estimated budget ({args.profile} profile; H100 bf16 peak {PEAK_FLOPS / 1e12:.0f} TFLOP/s at "
           f"{TRAIN_MFU:.0%} MFU for updates, {DECODE_MFU:.0%} for decoding; dppo.budget states the assumptions)")
     print(f"| study | training runs | GPU-hours | hours on {args.gpus} GPUs | disk kept (TB) | disk at most (TB) |")

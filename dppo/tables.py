@@ -33,7 +33,7 @@ OTHER_CORES_LIMIT = 0.25  # a quiet machine: a few hundredths of a core; one com
 UNEVEN_LIMIT = 0.1  # a pair whose two runs met other work differing by more than this (cores beyond their spare ones)
 # The markdown table: what the paper's tables show (accuracy per benchmark or split, average, time, speed-up), here
 # with the speed-up in wall-clock and FLOPs and, on CPU, process CPU time; every other column stays in the CSV.
-MD_COLUMNS = {"acc/avg": "avg", "acc_gain": "gain", "train_min": "time (min)", "speedup": "speed-up",
+MD_COLUMNS = {"acc/avg": "avg", "learned": "learned (vs start)", "acc_gain": "gain", "train_min": "time (min)", "speedup": "speed-up",
               "speedup_cpu": "speed-up (CPU)", "speedup_flops": "speed-up (FLOPs)"}
 CPU_ONLY = ("speedup_cpu",)  # and the contended mark: a GPU run's process CPU time measures the host, not the work
 
@@ -59,6 +59,7 @@ def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str]) -> pd.
     df = pd.DataFrame(rows)
     for c in [c for c in df.columns if c.startswith("acc")]:
         df[c] = df[c].astype(float) * 100
+    df["learned"] = df["acc/avg"] - df["acc/start"]  # did training raise accuracy at all (the baseline's row above all)
     df["train_min"] = df["train_s"] / 60
     # other work beyond the cores the run left free (the machine's cores minus its threads), or a thread that got less
     # of a core (CPU / wall / threads) than the table's runs typically do
@@ -235,6 +236,8 @@ def markdown(summary: pd.DataFrame, cpu_columns: bool = True) -> str:
     body = pd.DataFrame(index=summary.index.rename(None))
     for c in (c for c in names if c in summary.columns):
         digits = 2 if c.startswith("speedup") or c == "train_min" else 1
+        if f"{c}_ci" not in summary.columns:  # a table written before the column existed
+            continue
         body[names[c]] = [cell(m, ci, digits) for m, ci in zip(summary[c], summary[f"{c}_ci"])]
     if cpu_columns:
         body["speed-up"] = [s + (f" †{k}" if k else "") for s, k in zip(body["speed-up"], summary["contended"])]
@@ -324,6 +327,27 @@ def interval(summary: pd.DataFrame, label: str, col: str) -> tuple[float, float,
     return (m, m, m) if pd.isna(ci) else (m, m - ci, m + ci)
 
 
+def learned(summary: pd.DataFrame, label: str) -> str:
+    """Whether a row's training raised its accuracy over the start: "learned", "lost accuracy" or "did not learn
+    (resolvably)" from the interval of `learned` (final - start, points); "one seed" without an interval."""
+    m, lo, hi = interval(summary, label, "learned")
+    if int(summary.loc[label, "seeds"]) < 2:
+        return "one seed"
+    return "learned" if lo > 0 else "lost accuracy" if hi < 0 else "did not learn resolvably"
+
+
+def learning_sentence(summary: pd.DataFrame, baseline: str) -> str:
+    """The baseline's gain over its starting accuracy in words: an accuracy comparison between methods means something
+    only when the baseline learned (its gain's interval above 0)."""
+    m, lo, hi = interval(summary, baseline, "learned")
+    verdict = learned(summary, baseline)
+    text = (f"**{baseline}** goes from {summary.loc[baseline, 'acc/start']:.1f} to {summary.loc[baseline, 'acc/avg']:.1f} "
+            f"Pass@1, {m:+.1f} points" + (f" (95% CI {lo:+.1f} to {hi:+.1f})" if hi > lo else "") + f": {verdict}.")
+    if verdict != "learned":
+        text += " The accuracy comparisons of this table cannot be resolved: the baseline did not learn."
+    return text
+
+
 def sentence(summary: pd.DataFrame, label: str, baseline: str, paper_key: str | None = None) -> str:
     """What one row shows against its baseline, in words, from the numbers (and against the paper's claim)."""
     n = int(summary.loc[label, "seeds"])
@@ -338,6 +362,8 @@ def sentence(summary: pd.DataFrame, label: str, baseline: str, paper_key: str | 
             f"of {g:+.1f} points")
     if ci:
         verdict = "indistinguishable from zero" if glo <= 0 <= ghi else ("better" if glo > 0 else "worse")
+        if "learned" in summary.columns and learned(summary, baseline) != "learned":
+            verdict += f"; unresolved: {baseline} did not learn"
         text += f" (95% CI {glo:+.1f} to {ghi:+.1f}: {verdict}), over {n} seeds"
     else:
         text += " (one seed: no interval)"

@@ -41,3 +41,32 @@ def test_readme_is_short_and_its_links_resolve():
     assert links and all((ROOT / link).exists() for link in links), [x for x in links if not (ROOT / x).exists()]
     for needed in ("## Install", "## Quick start", "## Train on your own data", "./reproduce.sh", "./run_tests.sh"):
         assert needed in README
+
+
+def _table(gains: list[float], starts: list[float], finals: list[float], speedups: list[float]):
+    """A summary and per-seed frame of a two-row table (GRPO, DPPO) from per-seed numbers."""
+    import pandas as pd
+
+    from dppo.tables import aggregate
+
+    rows = [{"label": "GRPO", "seed": s, "acc/avg": f, "acc/start": a, "acc_gain": 0.0, "speedup": 1.0, "speedup_cpu": 1.0}
+            for s, (a, f) in enumerate(zip(starts, finals))]
+    rows += [{"label": "DPPO", "seed": s, "acc/avg": f + g, "acc/start": a, "acc_gain": g, "speedup": sp, "speedup_cpu": sp}
+             for s, (a, f, g, sp) in enumerate(zip(starts, finals, gains, speedups))]
+    seeds = pd.DataFrame(rows)
+    return aggregate(seeds.assign(contended=False, pair_contended=False)), seeds
+
+
+def test_verdict_is_unresolved_when_the_baseline_did_not_learn():
+    from dppo.readme import verdict
+
+    # GRPO learned (+10, +12, +11 points), DPPO's gain within noise of 0: accuracy kept; speed-up above 1
+    summary, seeds = _table([1.0, -1.0, 0.5], [20, 22, 21], [30, 34, 32], [1.8, 1.9, 2.0])
+    assert verdict(summary, seeds, "DPPO", "GRPO") == "DPPO: faster, accuracy kept (GRPO learned +11.0 ± 2.5)"
+    # the same DPPO gains, but GRPO's final accuracy is its start give or take noise: nothing can be said
+    summary, seeds = _table([1.0, -1.0, 0.5], [20, 22, 21], [23, 19, 22], [1.8, 1.9, 2.0])
+    said = verdict(summary, seeds, "DPPO", "GRPO")
+    assert "accuracy unresolved (GRPO did not learn: +0.3" in said
+    # a learning baseline and a clearly lower DPPO; a speed-up whose interval holds 1
+    summary, seeds = _table([-5.0, -6.0, -5.5], [20, 22, 21], [30, 34, 32], [0.8, 1.3, 1.0])
+    assert verdict(summary, seeds, "DPPO", "GRPO").startswith("DPPO: not faster, accuracy lower")
