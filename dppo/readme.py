@@ -15,6 +15,7 @@ from dppo.studies import PAPER
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- results-table: generated from figures/*.csv by `python -m dppo.readme` -->"
 END = "<!-- /results-table -->"
+KEPT_MARGIN = 5.0  # points: a gain interval that holds 0 says "kept" only when it also excludes losses beyond this
 TABLES = {"R1": "R1_real_model", "T1": "T1_main_results", "T2": "T2_algorithms", "T3": "T3_scale", "T4": "T4_ablations",
           "T5": "T5_sensitivity"}
 
@@ -46,24 +47,50 @@ def _learned(seeds: pd.DataFrame, label: str) -> tuple[float, float]:
     return float(gain.mean()), (t_quantile(n - 1) * float(gain.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan)
 
 
+def learning(seeds: pd.DataFrame, baselines) -> str:
+    """"GRPO learned +41.2 ± 3.0": each baseline's final minus starting accuracy (points, 95% interval over seeds;
+    "(one seed)" once at the end without one)."""
+    said = []
+    for baseline in baselines:
+        m, half = _learned(seeds, baseline)
+        said.append(f"{baseline} {m:+.1f}" + ("" if math.isnan(half) else f" ± {half:.1f}"))
+    one = seeds["seed"].nunique() < 2
+    return "learned: " + ", ".join(said) + (" (one seed)" if one else "")
+
+
 def verdict(df: pd.DataFrame, seeds: pd.DataFrame, label: str, baseline: str) -> str:
     """A row's verdict from its intervals: speed-up "faster" when the wall-clock interval lies above 1; accuracy
-    "higher" / "lower" when the gain's interval excludes 0, "kept" when it holds 0, and "unresolved" when the
-    baseline did not learn (its gain over its start holds 0) or there is one seed."""
+    "higher" / "lower" when the gain's interval excludes 0, "kept" when it holds 0 within +-KEPT_MARGIN points,
+    "unresolved at this power" when it holds 0 but is wider, and "unresolved" when the baseline did not learn (its
+    gain over its start holds 0) or there is one seed."""
     row = df.loc[label]
     one = math.isnan(row.get("speedup_ci", math.nan))
-    lo = row["speedup"] - (0 if one else row["speedup_ci"])
-    speed = "faster" if lo > 1 else "not faster"
+    speed = "faster" if row["speedup"] - (0 if one else row["speedup_ci"]) > 1 else "not faster"
     learned, half = _learned(seeds, baseline)
-    if one:
-        acc = "unresolved (one seed)"
-    elif learned - half <= 0:
-        acc = f"unresolved ({baseline} did not learn: {learned:+.1f} ± {half:.1f})"
+    if one or learned - half <= 0:
+        acc = "unresolved"
     else:
         glo, ghi = row["acc_gain"] - row["acc_gain_ci"], row["acc_gain"] + row["acc_gain_ci"]
-        acc = "higher" if glo > 0 else "lower" if ghi < 0 else "kept"
-        acc += f" ({baseline} learned {learned:+.1f} ± {half:.1f})"
-    return f"{label}: {speed}, accuracy {acc}"
+        acc = "higher" if glo > 0 else "lower" if ghi < 0 else \
+            "kept" if row["acc_gain_ci"] <= KEPT_MARGIN else "unresolved at this power"
+    return f"{speed}, accuracy {acc}"
+
+
+def _real(figures: Path, name: str, df: pd.DataFrame, seeds: pd.DataFrame) -> str:
+    """Each method's final accuracy pooled over its seeds (95% binomial half-width over every sample), and the time to
+    the baseline's final accuracy (equal compute)."""
+    from dppo.studies import BY_NAME, REAL_RUNS
+    from dppo.config import TrainConfig
+    from dppo.studies import ROOT as REPO
+
+    cfg = TrainConfig.load(REPO / REAL_RUNS["GRPO"][0], REAL_RUNS["GRPO"][1])
+    samples = cfg.eval_size * cfg.eval_samples * seeds["seed"].nunique()
+    pooled = ", ".join(f"{label} {p:.1f} ± {196 * math.sqrt(p / 100 * (1 - p / 100) / samples):.1f}"
+                       for label, p in df["acc/avg"].items())
+    eq = pd.read_csv(figures / f"{name}_equal_compute.csv").set_index("label").drop(index="GRPO")
+    reach = "; ".join(f"{label} reaches GRPO's final accuracy {_value(row, 'speedup_reach', 'x')} sooner "
+                      f"({int(row['reached'])}/{len(BY_NAME['real_model'].seeds)} seeds)" for label, row in eq.iterrows())
+    return f"Pass@1 pooled over {samples} samples: {pooled}; {reach}"
 
 
 def _f3(figures: Path) -> str:
@@ -102,8 +129,9 @@ def _f4(figures: Path) -> str:
 
 
 def results_table(figures: Path = ROOT / "figures") -> str:
-    """Markdown table: per table T1-T5, its seeds, what dppo measured at CPU scale and what the paper reports; then
-    F3 (one batch for the variance and bias, 10 for the proportional rule) and F4 (one step)."""
+    """Markdown table: per table (R1 on the real model, T1-T5), its seeds, what dppo measured at CPU scale, the verdict
+    and what the paper reports; then F3 (one batch for the variance and bias, 10 for the proportional rule) and F4
+    (one step)."""
     from dppo.studies import T2_BASE, T3_BASE
 
     lines = ["| table | seeds | measured here (vs the row's GRPO-family baseline) | verdict | paper (GPU scale) |",
@@ -122,7 +150,13 @@ def results_table(figures: Path = ROOT / "figures") -> str:
         else:
             what = "; ".join(f"{label}: {_run(row)}" for label, row in rows.iterrows())
             judged = [label for label in rows.index if label.startswith("DPPO") or label.endswith("+ DPPO")]
-        said = "; ".join(verdict(df, per_seed, label, base_of.get(label, "GRPO")) for label in judged)
+        if table == "R1":  # the real model: its pooled accuracies and the equal-compute speed-up
+            what += "; " + _real(figures, name, df, per_seed)
+        bases = dict.fromkeys(base_of.get(label, "GRPO") for label in judged)
+        verdicts: dict[str, list[str]] = {}  # rows with the same verdict share it
+        for label in judged:
+            verdicts.setdefault(verdict(df, per_seed, label, base_of.get(label, "GRPO")), []).append(label)
+        said = learning(per_seed, bases) + ". " + "; ".join(f"{' / '.join(labels)}: {v}" for v, labels in verdicts.items())
         lines.append(f"| {table} | {seeds} | {what} | {said} | {PAPER[table]} |")
     lines.append(f"| F3 | - | {_f3(figures)} | - | {PAPER['F3']} |")
     lines.append(f"| F4 | - | {_f4(figures)} | - | {PAPER['F4']} |")

@@ -46,9 +46,9 @@ STUDIES = (
           ("F3_gradient_variance",), cpu_minutes=7),
     Study("packing", "F4: Dense Prompt Packing", (), ("F4_packing",), cpu_minutes=0.9),
     Study("case_study", "F5: one problem, each method's answers over training", (), ("F5_case_study",), cpu_minutes=1),
-    # a real pretrained LLM on CPU (docs/method.md §4.6): about 80 min on 2 cores, so only by name
+    # a real pretrained LLM on CPU (docs/method.md §4.6): 48 min on 2 cores (2026-12-02), so only by name
     Study("real_model", "R1: GRPO and DPPO on a real pretrained LLM (SmolLM2-135M-Instruct)", ("R1_real_model",),
-          ("R1_real_model_curves",), seeds=(0, 1, 2), in_default_run=False, cpu_minutes=80),
+          ("R1_real_model_curves",), seeds=(0, 1, 2), in_default_run=False, cpu_minutes=48),
 )
 BY_NAME = {s.name: s for s in STUDIES}
 FIGURE_F1 = "F1_method_overview"  # drawn by paper_figures itself (no runs)

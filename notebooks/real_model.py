@@ -22,7 +22,7 @@
 # DPPO (the paper's rates r_q = r_o = 0.5, 1/pi weights, Dense Prompt Packing) from `experiments/cpu/real_*.yaml`,
 # over 3 seeds, paired by seed. Table R1: the base model's accuracy, each method's final accuracy and its gain over the
 # start (did RL learn?), speed-ups in wall-clock, CPU time and FLOPs; then equal compute (time and FLOPs to GRPO's final
-# accuracy) and the curves. About 80 minutes on 2 cores (`./reproduce.sh --study real_model`).
+# accuracy) and the curves. About 50 minutes on 2 cores (`./reproduce.sh --study real_model`).
 
 # %% tags=["parameters"]
 import os

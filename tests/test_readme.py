@@ -58,15 +58,19 @@ def _table(gains: list[float], starts: list[float], finals: list[float], speedup
 
 
 def test_verdict_is_unresolved_when_the_baseline_did_not_learn():
-    from dppo.readme import verdict
+    from dppo.readme import learning, verdict
 
     # GRPO learned (+10, +12, +11 points), DPPO's gain within noise of 0: accuracy kept; speed-up above 1
     summary, seeds = _table([1.0, -1.0, 0.5], [20, 22, 21], [30, 34, 32], [1.8, 1.9, 2.0])
-    assert verdict(summary, seeds, "DPPO", "GRPO") == "DPPO: faster, accuracy kept (GRPO learned +11.0 ± 2.5)"
+    assert verdict(summary, seeds, "DPPO", "GRPO") == "faster, accuracy kept"
+    assert learning(seeds, ["GRPO"]) == "learned: GRPO +11.0 ± 2.5"
     # the same DPPO gains, but GRPO's final accuracy is its start give or take noise: nothing can be said
     summary, seeds = _table([1.0, -1.0, 0.5], [20, 22, 21], [23, 19, 22], [1.8, 1.9, 2.0])
-    said = verdict(summary, seeds, "DPPO", "GRPO")
-    assert "accuracy unresolved (GRPO did not learn: +0.3" in said
+    assert verdict(summary, seeds, "DPPO", "GRPO") == "faster, accuracy unresolved"
+    assert learning(seeds, ["GRPO"]).startswith("learned: GRPO +0.3 ± ")
     # a learning baseline and a clearly lower DPPO; a speed-up whose interval holds 1
     summary, seeds = _table([-5.0, -6.0, -5.5], [20, 22, 21], [30, 34, 32], [0.8, 1.3, 1.0])
-    assert verdict(summary, seeds, "DPPO", "GRPO").startswith("DPPO: not faster, accuracy lower")
+    assert verdict(summary, seeds, "DPPO", "GRPO") == "not faster, accuracy lower"
+    # a gain interval that holds 0 but also losses of more than 5 points: not "kept"
+    summary, seeds = _table([9.0, -12.0, 4.0], [20, 22, 21], [30, 34, 32], [1.8, 1.9, 2.0])
+    assert verdict(summary, seeds, "DPPO", "GRPO") == "faster, accuracy unresolved at this power"
