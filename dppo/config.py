@@ -19,6 +19,7 @@ import yaml
 from dppo.composition import REFILL_MODES
 from dppo.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 from dppo.pruning import INCLUSION_RULES, NORMALISERS, PRUNER_FIELDS, PRUNERS, SAMPLING_MODES, SIZE_PROXIES
+from dppo.reward import ANSWER_FORMATS
 
 
 BUILTIN_DATASETS = ("embedded", "arithmetic")  # dppo.task (the embedded models' task), dppo.arithmetic (real models')
@@ -94,7 +95,7 @@ class TrainConfig:
                            choices=("literal", "math"))
     answer_format: str = _f("boxed", "Where the answer is read (dppo.reward.extract_answer): boxed = the last \\boxed{}; "
                             "last_number = the last \\boxed{}, else the last number of the text (lm-evaluation-harness's "
-                            "flexible extract: a small model answers in its own words).", choices=("boxed", "last_number"))
+                            "flexible extract: a small model answers in its own words).", choices=ANSWER_FORMATS)
     chat_template: bool = _f(False, "Paper scale: wrap prompts in the tokenizer's chat template (a user turn).")
     chat_template_kwargs: dict = _f(None, "Arguments of the chat template, e.g. {enable_thinking: false} for Qwen3 "
                                     "(thinking mode would run most answers past max_new_tokens).")
@@ -279,8 +280,8 @@ class TrainConfig:
         _check(self.prompts_per_step * self.group_size >= self.num_minibatches, "num_minibatches",
                "at most prompts_per_step x group_size", self.num_minibatches)
         if self.dataset not in BUILTIN_DATASETS and not self.dataset.startswith("hf:") and not Path(self.dataset).is_file():
-            raise ConfigError(f"config field 'dataset' must be 'embedded', 'arithmetic', an existing .jsonl/.parquet file or "
-                              f"hf:<name>, got {self.dataset!r} (file not found{hub_hint(self.dataset)})")
+            raise ConfigError(f"config field 'dataset' must be one of {list(BUILTIN_DATASETS)}, an existing .jsonl/.parquet "
+                              f"file or hf:<name>, got {self.dataset!r} (file not found{hub_hint(self.dataset)})")
         if self.dataset == "arithmetic":
             from dppo.arithmetic import all_facts
 

@@ -74,11 +74,11 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]
     elif cfg.dataset == "arithmetic":
         from dppo.arithmetic import make_split
 
-        template = prompt_template(cfg)
+        def ask(problems: list[Problem]) -> list[Problem]:  # the question inside the prompt template
+            return [dataclasses.replace(p, prompt=prompt_template(cfg).replace("{question}", p.prompt)) for p in problems]
+
         train, evals = make_split(cfg.train_size, cfg.eval_size, cfg.seed)
-        train = [dataclasses.replace(p, prompt=template.replace("{question}", p.prompt)) for p in train]
-        evals = {k: [dataclasses.replace(p, prompt=template.replace("{question}", p.prompt)) for p in v]
-                 for k, v in evals.items()} if cfg.eval_datasets is None else {}
+        train, evals = ask(train), ({k: ask(v) for k, v in evals.items()} if cfg.eval_datasets is None else {})
     else:
         train = load_problems(cfg.dataset, "train", prompt_template(cfg))
         evals = {}
@@ -582,7 +582,8 @@ class Trainer:
     def run_eval(self) -> dict[str, float]:
         acc = evaluate(self.engine, self.evals, self.cfg.eval_samples, self.cfg.eval_temperature,
                        self.cfg.max_new_tokens, seed=self.cfg.seed + 17 * self.step,
-                       k_per_split=self.cfg.eval_samples_per_split, answer_check=self.cfg.answer_check, answer_format=self.cfg.answer_format)
+                       k_per_split=self.cfg.eval_samples_per_split, answer_check=self.cfg.answer_check,
+                       answer_format=self.cfg.answer_format)
         self.engine.sleep()  # awake across the splits, asleep before training resumes
         if self.is_main:
             tqdm.write(f"[eval step {self.step}] pass@1 (%): {format_accuracy(acc)}")

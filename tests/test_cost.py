@@ -140,7 +140,7 @@ def test_table_columns_come_from_the_runs_eval_keys_and_gpu_tables_drop_cpu_colu
         runs[label] = [path]
     summary = tables.aggregate(tables.per_seed(runs, "GRPO"))
     header = [c.strip() for c in tables.markdown(summary, cpu_columns=False).splitlines()[0].split("|")]
-    assert header[2:6] == ["math500", "aime24", "avg", "gain"] and "level1" not in header
+    assert header[2:7] == ["math500", "aime24", "avg", "learned (vs start)", "gain"] and "level1" not in header
     assert "speed-up" in header and "speed-up (FLOPs)" in header and "speed-up (CPU)" not in header
     assert "†" not in tables.markdown(summary, cpu_columns=False)
     assert "speed-up (CPU)" in tables.markdown(summary)  # the CPU profile keeps it
