@@ -4,8 +4,11 @@ installed, vLLM. The contenders alternate, so a busy machine slows all alike.
 
     python bench/rollout.py [--rounds 5]                                  # generate vs dppo's sampler
     bash scripts/bootstrap.sh vllm && .venv-vllm/bin/python bench/rollout.py   # ... and vLLM
+    .venv-vllm/bin/python bench/rollout.py --model smollm2-135m           # the real model (docs/method.md §4.6)
 
-on the embedded model and on a wider random-init Qwen3 (hidden 512, 8 layers, same tokenizer). Each round
+on the embedded model and on a wider random-init Qwen3 (hidden 512, 8 layers, same tokenizer); with `--model
+smollm2-135m`, on SmolLM2-135M-Instruct with the real-model study's rollouts instead (arithmetic prompts in its chat
+template, 8 prompts x 8 completions, <= 32 new tokens, temperature 0.7). Each round
 samples the same prompts with the same seed for every contender (the completions differ: the samplers draw
 differently), so tokens/s, not time per call, is compared.
 """
@@ -72,18 +75,31 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max_new_tokens", type=int, default=64)
+    ap.add_argument("--model", choices=("embedded", "smollm2-135m"), default="embedded")
     args = ap.parse_args()
     try:
         from dppo.vllm_rollout import VLLMRollout
         import vllm  # noqa: F401
     except ImportError:
         VLLMRollout = None
-    prompts = [p.prompt for p in make_train(args.prompts * args.rounds, seed=0)]
-    params = SamplingParams(n=args.n, max_new_tokens=args.max_new_tokens)
-    _, tok = load_policy("embedded")
-    models = {"embedded (0.8 M)": resolve_model_path("embedded"),
-              "random Qwen3, hidden 512 x 8 layers": wider_qwen3(tok, Path(tempfile.mkdtemp()))}
-    print(f"{args.prompts} prompts x {args.n} completions, <= {args.max_new_tokens} new tokens, "
+    if args.model == "embedded":
+        prompts = [p.prompt for p in make_train(args.prompts * args.rounds, seed=0)]
+        params = SamplingParams(n=args.n, max_new_tokens=args.max_new_tokens)
+        _, tok = load_policy("embedded")
+        models = {"embedded (1.0 M)": resolve_model_path("embedded"),
+                  "random Qwen3, hidden 512 x 8 layers": wider_qwen3(tok, Path(tempfile.mkdtemp()))}
+    else:  # the real-model study's rollouts (experiments/cpu/real_grpo.yaml)
+        from dppo.config import TrainConfig
+        from dppo.data import with_chat_template
+        from dppo.trainer import load_data
+
+        cfg = TrainConfig.load("experiments/cpu/real_grpo.yaml", {"train_size": 8 * args.rounds})
+        _, tok = load_policy(args.model)
+        prompts = [p.prompt for p in with_chat_template(load_data(cfg)[0], tok)]
+        args.prompts = 8
+        params = SamplingParams(n=cfg.group_size, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+        models = {"SmolLM2-135M-Instruct": resolve_model_path(args.model)}
+    print(f"{args.prompts} prompts x {params.n} completions, <= {params.max_new_tokens} new tokens, "
           f"{args.rounds} alternating rounds, {torch.get_num_threads()} threads; tok/s: median over rounds")
     cols = ["generate", "dppo"] + (["vllm"] if VLLMRollout else [])
     print("| model | " + " | ".join(f"{c} tok/s" for c in cols) + " | dppo / generate |"
@@ -94,7 +110,7 @@ def main() -> None:
         model.eval()
         engines = {"generate": TransformersGenerate(model, tok), "dppo": HFRollout(model, tok, batch_size=256)}
         if VLLMRollout:
-            engines["vllm"] = VLLMRollout(path, tok, max_model_len=160 + args.max_new_tokens)
+            engines["vllm"] = VLLMRollout(path, tok, max_model_len=160 + params.max_new_tokens)
         for engine in engines.values():  # warm-up
             engine.generate(prompts[:2], SamplingParams(n=2, max_new_tokens=8))
         speeds = {label: [] for label in engines}

