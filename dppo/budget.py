@@ -161,7 +161,8 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
                 else:
                     commands.append(f"  (in the notebook's process) dppo train --config {cfg_path} -> {out}")
         rows.append({"study": study, "runs": len(seen), "gpu_hours": hours, "hours_on_gpus": hours / gpus,
-                     "disk_tb": disk / 1e12, "peak_tb": peak / 1e12, "cpu_minutes": registry.BY_NAME[study].cpu_minutes})
+                     "disk_tb": disk / 1e12, "peak_tb": peak / 1e12,
+                     "cpu_minutes": registry.BY_NAME[study].cpu_minutes})
     return commands, rows
 
 

@@ -89,7 +89,8 @@ def cmd_eval(args, rest) -> int:
         cfg = dataclasses.replace(cfg, model_name_or_path=args.model)
     engine = engine_from_config(cfg, model, tok, [p.prompt for v in evals.values() for p in v])
     acc = evaluate(engine, evals, cfg.eval_samples, cfg.eval_temperature, cfg.max_new_tokens, seed=cfg.seed,
-                   k_per_split=cfg.eval_samples_per_split, answer_check=cfg.answer_check, answer_format=cfg.answer_format)
+                   k_per_split=cfg.eval_samples_per_split, answer_check=cfg.answer_check,
+                   answer_format=cfg.answer_format)
     print(f"pass@1 (%): {format_accuracy(acc)}")
     print(json.dumps(acc))
     return 0

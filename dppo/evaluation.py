@@ -32,7 +32,8 @@ def evaluate(engine: RolloutEngine, splits: dict[str, list[Problem]], k: int, te
             params = SamplingParams(n=n, temperature=temperature, max_new_tokens=max_new_tokens)
             mine = shard(problems, rank, world)
             texts = engine.generate([p.prompt for p in mine], params).texts if mine else []
-            scores = [[math_reward(texts[i * n + j], p.answer, answer_check, answer_format) for j in range(n)] for i, p in enumerate(mine)]
+            scores = [[math_reward(texts[i * n + j], p.answer, answer_check, answer_format) for j in range(n)]
+                      for i, p in enumerate(mine)]
             scores = torch.tensor(unshard(all_gather(scores)), dtype=torch.float32).view(len(problems), n)
             out[name] = float(scores.mean())
             out[f"{name}/pass@{n}"] = float((scores.max(dim=1).values > 0).float().mean())

@@ -79,11 +79,10 @@ def verdict(df: pd.DataFrame, seeds: pd.DataFrame, label: str, baseline: str) ->
 def _real(figures: Path, name: str, df: pd.DataFrame, seeds: pd.DataFrame) -> str:
     """Each method's final accuracy pooled over its seeds (95% binomial half-width over every sample), and the time to
     the baseline's final accuracy (equal compute)."""
-    from dppo.studies import BY_NAME, REAL_RUNS
     from dppo.config import TrainConfig
-    from dppo.studies import ROOT as REPO
+    from dppo.studies import BY_NAME, REAL_RUNS
 
-    cfg = TrainConfig.load(REPO / REAL_RUNS["GRPO"][0], REAL_RUNS["GRPO"][1])
+    cfg = TrainConfig.load(ROOT / REAL_RUNS["GRPO"][0], REAL_RUNS["GRPO"][1])
     samples = cfg.eval_size * cfg.eval_samples * seeds["seed"].nunique()
     pooled = ", ".join(f"{label} {p:.1f} ± {196 * math.sqrt(p / 100 * (1 - p / 100) / samples):.1f}"
                        for label, p in df["acc/avg"].items())
@@ -156,7 +155,8 @@ def results_table(figures: Path = ROOT / "figures") -> str:
         verdicts: dict[str, list[str]] = {}  # rows with the same verdict share it
         for label in judged:
             verdicts.setdefault(verdict(df, per_seed, label, base_of.get(label, "GRPO")), []).append(label)
-        said = learning(per_seed, bases) + ". " + "; ".join(f"{' / '.join(labels)}: {v}" for v, labels in verdicts.items())
+        said = learning(per_seed, bases) + ". " + "; ".join(f"{' / '.join(labels)}: {v}"
+                                                           for v, labels in verdicts.items())
         lines.append(f"| {table} | {seeds} | {what} | {said} | {PAPER[table]} |")
     lines.append(f"| F3 | - | {_f3(figures)} | - | {PAPER['F3']} |")
     lines.append(f"| F4 | - | {_f4(figures)} | - | {PAPER['F4']} |")

@@ -33,8 +33,8 @@ OTHER_CORES_LIMIT = 0.25  # a quiet machine: a few hundredths of a core; one com
 UNEVEN_LIMIT = 0.1  # a pair whose two runs met other work differing by more than this (cores beyond their spare ones)
 # The markdown table: what the paper's tables show (accuracy per benchmark or split, average, time, speed-up), here
 # with the speed-up in wall-clock and FLOPs and, on CPU, process CPU time; every other column stays in the CSV.
-MD_COLUMNS = {"acc/avg": "avg", "learned": "learned (vs start)", "acc_gain": "gain", "train_min": "time (min)", "speedup": "speed-up",
-              "speedup_cpu": "speed-up (CPU)", "speedup_flops": "speed-up (FLOPs)"}
+MD_COLUMNS = {"acc/avg": "avg", "learned": "learned (vs start)", "acc_gain": "gain", "train_min": "time (min)",
+              "speedup": "speed-up", "speedup_cpu": "speed-up (CPU)", "speedup_flops": "speed-up (FLOPs)"}
 CPU_ONLY = ("speedup_cpu",)  # and the contended mark: a GPU run's process CPU time measures the host, not the work
 
 

@@ -75,7 +75,8 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]
         from dppo.arithmetic import make_split
 
         def ask(problems: list[Problem]) -> list[Problem]:  # the question inside the prompt template
-            return [dataclasses.replace(p, prompt=prompt_template(cfg).replace("{question}", p.prompt)) for p in problems]
+            template = prompt_template(cfg)
+            return [dataclasses.replace(p, prompt=template.replace("{question}", p.prompt)) for p in problems]
 
         train, evals = make_split(cfg.train_size, cfg.eval_size, cfg.seed)
         train, evals = ask(train), ({k: ask(v) for k, v in evals.items()} if cfg.eval_datasets is None else {})
