@@ -20,8 +20,11 @@ the study's 2 and 64.
 The two trainers train in two threads of one process and take turns, one optimizer step each (a callback passes a
 baton), so a busy machine slows both alike; each step's wall and process CPU time is taken while it holds the baton.
 Printed per seed: steps, time to the end of training (sum of its steps, wall and CPU), TRL / DPPO speed-up, final
-Pass@1 on the embedded eval splits (the same evaluation for both), and the work each phase did (completions generated,
-rows scored by the update; the old-policy and reference passes do not run in this configuration, for either).
+Pass@1 on the eval splits (the same evaluation for both), completions generated and rows in the update; on the
+embedded model also TRL's Pass@1 at equal compute (its weights after its last step that ended within DPPO's whole
+training time); then each run's phases (`Phases`: wall time generating, in the no-grad log-prob passes and in the rest
+of the step, and the completion tokens generated and token slots scored and trained; the old-policy and reference
+passes do not run in this configuration, for either). Over the seeds: mean ± 95% interval (t) and range.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from dppo.evaluation import evaluate
 from dppo.model import load_policy
 from dppo.reward import math_reward
 from dppo.rollout import HFRollout
+from dppo.tables import t_quantile
 from dppo.task import make_eval, make_train
 from dppo.trl import DPPOConfig, DPPOTrainer
 
@@ -88,6 +92,50 @@ class Baton(TrainerCallback):
             s["cond"].notify_all()
 
 
+class Phases:
+    """Time and work of a trainer's step phases, by wrapping its methods: `generate` (TRL's `_generate`: sampling,
+    and for DPPOTrainer the rewards and the completion stage), `score` (the no-grad log-prob passes: old policy,
+    reference), `update` (the rest of the step: the loss's forward and backward, the optimizer). Token counts:
+    generated completion tokens; slots the model processed in the no-grad passes and in the update (rows x width,
+    padded or packed)."""
+
+    def __init__(self, trainer):
+        self.time = {"generate": 0.0, "score": 0.0}
+        self.tokens = {"generated_tokens": 0, "scored": 0, "trained": 0}
+        generate, logps = trainer._generate, trainer._get_per_token_logps_and_entropies
+
+        def timed_generate(prompts):
+            t0 = time.perf_counter()
+            out = generate(prompts)
+            self.time["generate"] += time.perf_counter() - t0
+            self.tokens["generated_tokens"] += sum(map(len, out[1]))
+            return out
+
+        def timed_logps(model, input_ids, *args, **kwargs):
+            counted = getattr(trainer, "scored_positions", None)
+            before = sum(counted.values()) if counted is not None else 0
+            t0 = time.perf_counter()
+            out = logps(model, input_ids, *args, **kwargs)
+            slots = sum(counted.values()) - before if counted is not None else input_ids.numel()
+            if torch.is_grad_enabled():
+                self.tokens["trained"] += slots
+            else:
+                self.time["score"] += time.perf_counter() - t0
+                self.tokens["scored"] += slots
+            return out
+        trainer._generate, trainer._get_per_token_logps_and_entropies = timed_generate, timed_logps
+
+
+class Snapshots(TrainerCallback):
+    """The weights after every step (on CPU), for the accuracy at equal compute: small models only."""
+
+    def __init__(self):
+        self.states: list[dict] = []
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.states.append({k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
+
+
 def rewarder(answer_format: str):
     def reward(prompts, completions, answer, **kwargs):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]  # conversational: the reply
@@ -127,6 +175,11 @@ def run_pair(seed: int, epochs: float, train, prompts: list, evals: dict, steps:
                    **setup["trl"], **extra)
         trainers[name] = cls(model=policy, reward_funcs=rewarder(setup["answer_format"]), args=args,
                              train_dataset=data, processing_class=tok, callbacks=[Baton(shared, name, other)])
+    phases = {name: Phases(tr) for name, tr in trainers.items()}
+    grpo = trainers["TRL GRPO"]
+    snapshots = Snapshots() if sum(p.numel() for p in grpo.model.parameters()) < 20_000_000 else None
+    if snapshots is not None:
+        grpo.add_callback(snapshots)
     threads = [threading.Thread(target=t.train) for t in trainers.values()]
     for th in threads:
         th.start()
@@ -140,8 +193,24 @@ def run_pair(seed: int, epochs: float, train, prompts: list, evals: dict, steps:
                        answer_format=setup["answer_format"])["avg"]
         generated = len(t) * per_batch * G
         update_rows = tr.scored_rows["update"] if isinstance(tr, DPPOTrainer) else generated
-        result[name] = dict(steps=len(t), wall=sum(x for x, _ in t), cpu=sum(y for _, y in t), acc=acc,
-                            generated=generated, update_rows=update_rows)
+        wall, ph = sum(x for x, _ in t), phases[name]
+        result[name] = dict(steps=len(t), wall=wall, cpu=sum(y for _, y in t), acc=acc, generated=generated,
+                            update_rows=update_rows, **ph.tokens, t_generate=ph.time["generate"],
+                            t_score=ph.time["score"], t_update=wall - ph.time["generate"] - ph.time["score"])
+    # equal compute: TRL's weights after its last step that ended within DPPO's whole training time
+    result["TRL GRPO"]["acc_at_dppo_time"] = None
+    if snapshots is not None:
+        cumulative, budget = 0.0, result["DPPO in TRL"]["wall"]
+        last = 0
+        for i, (w, _) in enumerate(shared["times"]["TRL GRPO"]):
+            cumulative += w
+            if cumulative <= budget:
+                last = i
+        grpo.model.load_state_dict(snapshots.states[last])
+        result["TRL GRPO"]["acc_at_dppo_time"] = evaluate(
+            HFRollout(grpo.model.eval(), grpo.processing_class), evals, k, temperature, new_tokens, seed=17,
+            answer_format=setup["answer_format"])["avg"]
+        result["TRL GRPO"]["steps_at_dppo_time"] = last + 1
     return result
 
 
@@ -156,7 +225,7 @@ def main() -> None:
     real = args.model != "embedded"
     epochs = args.epochs or (2.0 if real else 3.0)
     train, evals, prompts = task(args.model, args.train_size or (64 if real else 640))
-    rows = []
+    rows, phase_rows = [], []
     print(f"{'seed':>4}  {'run':<12}{'steps':>6}{'wall s':>8}{'CPU s':>8}{'TRL/DPPO wall':>15}{'CPU':>7}"
           f"{'Pass@1 %':>10}{'generated':>11}{'update rows':>13}")
     for seed in args.seeds:
@@ -164,20 +233,37 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as d:
             r = run_pair(seed, epochs, train, prompts, evals, args.steps, d, args.model)
         trl, dppo = r["TRL GRPO"], r["DPPO in TRL"]
-        rows.append((trl["wall"] / dppo["wall"], trl["cpu"] / dppo["cpu"], trl["acc"], dppo["acc"]))
+        rows.append((trl["wall"] / dppo["wall"], trl["cpu"] / dppo["cpu"], trl["acc"], dppo["acc"],
+                     trl["acc_at_dppo_time"]))
         for name, x in r.items():
             ratio = f"{trl['wall'] / x['wall']:>14.2f}x{trl['cpu'] / x['cpu']:>6.2f}x"
             print(f"{seed:>4}  {name:<12}{x['steps']:>6}{x['wall']:>8.1f}{x['cpu']:>8.1f}{ratio}{100 * x['acc']:>10.1f}"
                   f"{x['generated']:>11}{x['update_rows']:>13}", flush=True)
+            phase_rows.append((seed, name, x))
+        if trl["acc_at_dppo_time"] is not None:
+            print(f"{seed:>4}  TRL GRPO at DPPO's training time (equal compute, step {trl['steps_at_dppo_time']}): "
+                  f"Pass@1 {100 * trl['acc_at_dppo_time']:.1f} %", flush=True)
+    print(f"\nphases (wall s of the steps; tokens: completion tokens generated, token slots the model processed)\n"
+          f"{'seed':>4}  {'run':<12}{'generate s':>11}{'score s':>9}{'update s':>10}{'generated':>11}{'scored':>9}"
+          f"{'trained':>10}")
+    for seed, name, x in phase_rows:
+        print(f"{seed:>4}  {name:<12}{x['t_generate']:>11.1f}{x['t_score']:>9.1f}{x['t_update']:>10.1f}"
+              f"{x['generated_tokens']:>11}{x['scored']:>9}"
+              f"{x['trained']:>10}")
     if len(rows) > 1:
-        def spread(i):
+        def spread(i):  # mean ± 95% half-width (t, seeds - 1 degrees of freedom), and the range
             v = [r[i] for r in rows]
-            return f"{statistics.mean(v):.2f} (range {min(v):.2f}-{max(v):.2f})"
+            half = statistics.stdev(v) * t_quantile(len(v) - 1) / len(v) ** 0.5
+            return f"{statistics.mean(v):.2f} ± {half:.2f} (range {min(v):.2f}-{max(v):.2f})"
         print(f"speed-up to the end of training, TRL / DPPO: wall {spread(0)}, CPU {spread(1)}")
         print(f"final Pass@1 %: TRL {100 * statistics.mean(r[2] for r in rows):.1f} "
               f"(range {100 * min(r[2] for r in rows):.1f}-{100 * max(r[2] for r in rows):.1f}), DPPO "
               f"{100 * statistics.mean(r[3] for r in rows):.1f} "
               f"(range {100 * min(r[3] for r in rows):.1f}-{100 * max(r[3] for r in rows):.1f})")
+        if all(r[4] is not None for r in rows):
+            print(f"equal compute, Pass@1 %: TRL at DPPO's training time {100 * statistics.mean(r[4] for r in rows):.1f}"
+                  f" (range {100 * min(r[4] for r in rows):.1f}-{100 * max(r[4] for r in rows):.1f}), DPPO "
+                  f"{100 * statistics.mean(r[3] for r in rows):.1f}")
 
 
 if __name__ == "__main__":

@@ -192,3 +192,30 @@ def shared_prompt_logprobs(model, prompt_ids: list[list[int]], completion_ids: l
                   targets=targets)
     return scatter_completions(logp, out_n, out_t, len(completion_ids), max(len(c) for c in completion_ids)), \
         len(bins) * width
+
+
+def pack_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor, capacity: int,
+                attn_implementation: str = "sdpa", pad_id: int = 0
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The padded rows of a trainer that pads (TRL: left-padded prompt + right-padded completion, each row's
+    attention_mask one run of ones) packed densely, as `packed_completion_logprobs` packs. input_ids,
+    attention_mask [n, T] -> (ids [R, W], position_ids [R, W] restarting at 0 per sequence, slot [n, T] long: the
+    flat index r W + c of each real token in the packed rows, -1 at padding). `packed_layout` chooses the rows for
+    the attention kernel (sdpa / eager: best-fit-decreasing into <= `capacity` tokens; flash-attn: one row)."""
+    real = attention_mask.bool()
+    lengths = real.sum(1).tolist()
+    bins = packed_layout([max(n, 1) for n in lengths], capacity, attn_implementation)
+    width = max(sum(lengths[i] for i in b) for b in bins) or 1
+    ids = torch.full((len(bins), width), pad_id, dtype=input_ids.dtype, device=input_ids.device)
+    pos = torch.zeros((len(bins), width), dtype=torch.long, device=input_ids.device)
+    slot = torch.full(input_ids.shape, -1, dtype=torch.long, device=input_ids.device)
+    for r, b in enumerate(bins):
+        off = 0
+        for i in b:
+            n = lengths[i]
+            ids[r, off:off + n] = input_ids[i][real[i]]
+            pos[r, off:off + n] = torch.arange(n, device=input_ids.device)
+            slot[i, real[i]] = r * width + off + torch.arange(n, device=input_ids.device)
+            off += n
+        pos[r, off:] = torch.arange(width - off, device=input_ids.device)  # trailing padding: a block of its own
+    return ids, pos, slot

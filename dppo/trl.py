@@ -21,26 +21,38 @@ With rates > 0 the two stages of docs/method.md §2.3 run where they save work i
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
-from collections import defaultdict
+import warnings
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import torch
+import trl
+from packaging.version import Version
 from torch.utils.data import Dataset, Sampler
 from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import nanstd
 
-from dppo import pruning
+from dppo import packing, pruning
 from dppo.composition import exact_count_stretch
 from dppo.config import ConfigError, TrainConfig, _check, check_pruning_fields
 from dppo.history import PromptHistory
-from dppo.losses import ADVANTAGES
+
+TESTED_TRL = ("1.16", "1.17")  # [from, to): DPPOTrainer overrides these TRL releases' private methods
+if not Version(TESTED_TRL[0]) <= Version(Version(trl.__version__).base_version) < Version(TESTED_TRL[1]) \
+        and os.environ.get("DPPO_TRL_UNTESTED") != "1":
+    raise ImportError(f"dppo.trl is tested with TRL >= {TESTED_TRL[0]}, < {TESTED_TRL[1]} (it overrides private "
+                      f"methods), found {trl.__version__}: pip install 'trl>={TESTED_TRL[0]},<{TESTED_TRL[1]}' (or "
+                      f"set DPPO_TRL_UNTESTED=1 to try it)")
 
 # TRL loss_type -> dppo's aggregation (docs/method.md §2.2); pruning supports these four
 LOSS_AGG = {"grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm", "bnpo": "token-mean",
             "dapo": "token-mean"}
 TRL_ADV_EPS = 1e-4  # TRL's advantage epsilon (hard-coded in GRPOTrainer)
+PRUNING_LOG_LENGTH = 1000  # DPPOTrainer.pruning_log keeps the last this many generation batches
 STATE_FILE = "dppo_state.json"  # in each TRL checkpoint folder
 # inputs whose second axis is the completion (trimmed with it)
 COMPLETION_KEYS = ("completion_ids", "completion_mask", "old_per_token_logps", "ref_per_token_logps",
@@ -66,12 +78,18 @@ class DPPOConfig(GRPOConfig):
     inclusion_floor: float = _as_train_config("inclusion_floor")
     size_proxy: str = _as_train_config("size_proxy")
     uniform_mix: float = _as_train_config("uniform_mix")
+    pack_sequences: bool = field(default=True, metadata={"help": (
+        "When pruning: score the rows of the old-policy, reference and training passes packed densely, position ids "
+        "restarting per sequence (sdpa / eager: best-fit rows of <= pack_capacity tokens; flash-attn: one row), "
+        "not padded to the widest; the same log-probs (docs/trl.md)")})
+    pack_capacity: int = _as_train_config("pack_capacity")
 
     def __post_init__(self):
         super().__post_init__()
         for name in ("prune_sampling", "loss_normaliser", "prompt_candidate_rule", "inclusion", "size_proxy"):
             choices = DPPOConfig.__dataclass_fields__[name].metadata["choices"]
             _check(getattr(self, name) in choices, name, f"one of {list(choices)}", getattr(self, name))
+        _check(self.pack_capacity >= 1, "pack_capacity", "a positive number of tokens", self.pack_capacity)
         check_pruning_fields(self)
         if self.pruning:
             _check(self.loss_type in LOSS_AGG, "loss_type", f"one of {list(LOSS_AGG)} when pruning", self.loss_type)
@@ -84,6 +102,20 @@ class DPPOConfig(GRPOConfig):
                    "token mean)", self.loss_type)
             _check(self.inclusion == "uniform", "inclusion", "uniform with prompt_prune_rate > 0 in TRL (the prompt "
                    "stage keeps an exact count, docs/trl.md)", self.inclusion)
+        if self.pruning:
+            _check(self.top_entropy_quantile == 1.0, "top_entropy_quantile", "1.0 when pruning: TRL picks the tokens "
+                   "above the entropy quantile of the micro-batch it scores, which pruning changes",
+                   self.top_entropy_quantile)
+            acc = self.accelerator_config
+            dispatch = acc.get("dispatch_batches") if isinstance(acc, dict) else getattr(acc, "dispatch_batches", None)
+            _check(dispatch is not True, "accelerator_config.dispatch_batches", "False or None when pruning: each "
+                   "process runs the prompt stage's sampler itself", dispatch)
+        if self.prompt_prune_rate > 0 and (self.scale_rewards == "batch"
+                                           or self.multi_objective_aggregation == "normalize_then_sum"):
+            warnings.warn(f"scale_rewards={self.scale_rewards!r}, multi_objective_aggregation="
+                          f"{self.multi_objective_aggregation!r}: TRL normalises by statistics of the rolled-out "
+                          f"prompts, which the prompt stage changes, so the estimator is not exactly unbiased "
+                          f"(docs/trl.md; scale_rewards 'group' or 'none' with sum_then_normalize is)", stacklevel=2)
         if self.pruning and self.inclusion == "proportional" and self.size_proxy in pruning.NEEDS_LOGPROBS:
             _check(self.use_vllm, "size_proxy", "adv or length without use_vllm (TRL returns the sampled tokens' "
                    "log-probs only from vLLM)", self.size_proxy)
@@ -114,6 +146,42 @@ def trl_row_coefficients(loss_type: str, row_tokens: torch.Tensor, grad_accum: i
         return torch.full((n,), n_processes * steps_per_generation / (max(num_items, 1.0) * grad_accum),
                           dtype=torch.float64)
     raise ValueError(f"loss_type must be one of {list(LOSS_AGG)} when pruning, got {loss_type!r}")
+
+
+def trl_advantages(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor, group_size: int,
+                   scale_rewards: str, aggregation: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPOTrainer's rewards and advantages of a generation batch, computed as TRL 1.16 computes them (in
+    `_generate_and_score_completions`, after the log-prob passes; the completion stage needs them before, and
+    `DPPOTrainer` checks its own against TRL's at every step). rewards_per_func [R, F] (NaN: no reward), weights [F]
+    -> (rewards [R/G, G], NaN where every function returned None; advantages [R/G, G], 0 there):
+
+        sum_then_normalize   r = sum_k w_k r_k;  A = (r - nanmean_group r) / (nanstd_{group | batch} r + 1e-4)
+                             (scale_rewards none: no division)
+        normalize_then_sum   r = sum_k w_k (r_k - nanmean_group r_k) / (nanstd_group r_k + 1e-4);
+                             A = (r - nanmean_batch r) / (nanstd_batch r + 1e-4)"""
+    G = group_size
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    weights = reward_weights.to(rewards_per_func.device).unsqueeze(0)
+    if aggregation == "sum_then_normalize":
+        rewards = (rewards_per_func * weights).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        mean = torch.nanmean(rewards.view(-1, G), dim=1).repeat_interleave(G, dim=0)
+        std = nanstd(rewards).expand_as(rewards) if scale_rewards == "batch" else \
+            nanstd(rewards.view(-1, G), dim=1).repeat_interleave(G, dim=0)
+        adv = rewards - mean
+        if scale_rewards != "none":
+            adv = adv / (std + TRL_ADV_EPS)
+    elif aggregation == "normalize_then_sum":
+        grouped = rewards_per_func.view(-1, G, rewards_per_func.size(1))
+        per_func = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)) / (nanstd(grouped, dim=1, keepdim=True)
+                                                                              + TRL_ADV_EPS)
+        rewards = (per_func.view(-1, rewards_per_func.size(1)) * weights).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        adv = (rewards - torch.nanmean(rewards)) / (nanstd(rewards).expand_as(rewards) + TRL_ADV_EPS)
+    else:
+        raise ValueError(f"multi_objective_aggregation must be sum_then_normalize or normalize_then_sum, got "
+                         f"{aggregation!r}")
+    return rewards.view(-1, G), torch.nan_to_num(adv, nan=0.0).view(-1, G)
 
 
 def mask_generator(seed: int, batch_no: int, stage: int) -> torch.Generator:
@@ -147,16 +215,22 @@ class PruningSampler(Sampler):
     fixed_count rule keeps exactly `batch_prompts` prompts, draws the mask and yields the kept prompts, each
     `group_size` times, the whole batch `repeat_count` times (TRL's reuse across steps_per_generation x
     num_iterations). Items are (dataset index, batch number) keys for `IndexedDataset`. A pass ends when its rest
-    cannot fill a batch (TRL drops the incomplete last batch likewise); iteration stops after `max_passes` passes.
+    cannot fill a batch (TRL drops the incomplete last batch likewise). One iteration (one of transformers'
+    epochs) is one pass when `one_pass_per_iter`; otherwise (`max_steps`: transformers' epochs have TRL's unpruned
+    length, and pruned passes are shorter) it runs on through the passes, and transformers stops it at `max_steps`.
+    Nothing iterates past `max_passes` passes.
 
-    `position` is where the next batch starts; the trainer checkpoints the position of what it has trained on
-    (the dataloader fetches ahead) and sets it back on resume."""
+    `position` is where the next batch starts. Each iteration starts at `start()`, where training stands (the
+    trainer's last generated batch's end: the dataloader fetches a batch ahead, and a batch fetched at an epoch's end
+    is composed again, not skipped); the trainer checkpoints that position and sets it back on resume."""
 
     def __init__(self, size: int, batch_prompts: int, group_size: int, repeat_count: int, shuffle: bool, seed: int,
-                 candidates, est_lengths, prompt_rate: float, max_passes: float):
+                 candidates, est_lengths, prompt_rate: float, max_passes: float, one_pass_per_iter: bool = True,
+                 start=None):
         self.size, self.batch_prompts, self.group_size, self.repeat_count = size, batch_prompts, group_size, repeat_count
         self.shuffle, self.seed, self.prompt_rate, self.max_passes = shuffle, seed, prompt_rate, max_passes
         self.candidates, self.est_lengths = candidates, est_lengths  # keys -> [n] bool / [n] float64 (history)
+        self.one_pass_per_iter, self.start = one_pass_per_iter, start  # start: () -> (pass, position, batch number)
         self.pass_no, self.position, self.batch_no = 0, 0, 0
         self.compositions: dict[int, Composition] = {}
         self._order: tuple[int, list[int]] | None = None
@@ -193,12 +267,14 @@ class PruningSampler(Sampler):
         return comp
 
     def __iter__(self):
+        if self.start is not None:
+            self.pass_no, self.position, self.batch_no = self.start()
         yielded = False
         while self.pass_no < self.max_passes:
             comp = self.compose()
             if comp is None:  # this pass is done; an iteration that has yielded nothing goes on to the next one
                 self.pass_no, self.position = self.pass_no + 1, 0
-                if yielded:
+                if yielded and self.one_pass_per_iter:
                     return
                 continue
             self.compositions[comp.batch_no] = comp
@@ -241,6 +317,7 @@ class _Generation:
     rewards_per_func: torch.Tensor | None = None  # [R, F] gathered, computed before the log-prob passes
     rewards: torch.Tensor | None = None  # [B, G]
     lengths: torch.Tensor | None = None  # [B, G] loss tokens per completion
+    advantages: torch.Tensor | None = None  # [R] TRL's, gathered, as the completion stage computed them
     completion: pruning.Selection | None = None  # [B, G]
     local_keep: torch.Tensor | None = None  # [n_local] bool, this process's rows
 
@@ -248,9 +325,10 @@ class _Generation:
 class DPPOTrainer(GRPOTrainer):
     """GRPOTrainer with DPPO's prompt and completion pruning (module docstring; docs/trl.md).
 
-    `pruning_log` holds one entry per generation batch (covered prompts, masks, inclusion probabilities);
-    `scored_rows` and `scored_positions` count the kept rows and their token positions each pass scored
-    ("old_policy", "reference", "update"; rows that only pad a process to the others' count are not counted)."""
+    `pruning_log` holds one entry per generation batch, the last PRUNING_LOG_LENGTH (covered prompts, masks,
+    inclusion probabilities); `scored_rows` counts the kept rows each pass scored ("old_policy", "reference",
+    "update"; rows that only pad a process to the others' count are not counted), `scored_positions` the token slots
+    the model processed for them (rows x width, packed or padded)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -269,7 +347,7 @@ class DPPOTrainer(GRPOTrainer):
                                    uniform_mix=a.uniform_mix, kl_coef=self.beta,
                                    loss_agg=LOSS_AGG.get(self.loss_type, "token-mean"))
         self.prompt_history = PromptHistory()
-        self.pruning_log: list[dict] = []
+        self.pruning_log: deque[dict] = deque(maxlen=PRUNING_LOG_LENGTH)  # the last generation batches'
         self.scored_rows: dict[str, int] = defaultdict(int)
         self.scored_positions: dict[str, int] = defaultdict(int)
         self._sampler: PruningSampler | None = None
@@ -294,13 +372,14 @@ class DPPOTrainer(GRPOTrainer):
         if not self.pruning:
             return super()._get_train_sampler(dataset)
         a = self.args
-        passes = math.inf if a.max_steps > 0 else math.ceil(a.num_train_epochs)
+        by_steps = a.max_steps > 0  # max_steps: passes unbounded, transformers stops at max_steps
         self._sampler = PruningSampler(
             len(self.train_dataset), a.generation_batch_size // self.num_generations, self.num_generations,
             self.num_iterations * a.steps_per_generation, self.shuffle_dataset, a.seed,
             candidates=lambda keys: self.pruner.prompt_candidates(keys, self.prompt_history),
             est_lengths=lambda keys: self.prompt_history.estimated_lengths(keys, float(a.max_completion_length)),
-            prompt_rate=a.prompt_prune_rate, max_passes=passes)
+            prompt_rate=a.prompt_prune_rate, max_passes=math.inf if by_steps else math.ceil(a.num_train_epochs),
+            one_pass_per_iter=not by_steps, start=lambda: self._trained)
         self._sampler.pass_no, self._sampler.position, self._sampler.batch_no = self._trained
         return self._sampler
 
@@ -340,10 +419,14 @@ class DPPOTrainer(GRPOTrainer):
                     row[key] = values[i]
         gen.rewards_per_func = super()._calculate_rewards(gen.inputs, prompts, completions, completion_ids)
         G = self.num_generations
-        weights = self.reward_weights.to(gen.rewards_per_func.device)
-        gen.rewards = (gen.rewards_per_func * weights[None]).nansum(dim=1).double().cpu().view(-1, G)
+        rewards, adv = trl_advantages(gen.rewards_per_func, self.reward_weights, G, self.scale_rewards,
+                                      self.args.multi_objective_aggregation)  # full groups, before any pruning
+        gen.advantages = adv.reshape(-1)
+        # a row no reward function scored (NaN) counts as its group's mean: it neither breaks nor makes zero variance
+        rewards = rewards.double().cpu()
+        gen.rewards = torch.where(rewards.isnan(), rewards.nanmean(dim=1, keepdim=True), rewards).nan_to_num()
+        adv = adv.double().cpu()
         gen.lengths = self.accelerator.gather(self._loss_tokens(completion_ids, tool_mask)).cpu().view(-1, G)
-        adv = ADVANTAGES[self.scale_rewards](gen.rewards, TRL_ADV_EPS)  # full groups, before any pruning
         logit_grad = None  # the proportional rule's logit proxies (docs/method.md §2.10): vLLM's sampled log-probs
         if self.pruner.inclusion == "proportional" and self.pruner.size_proxy in pruning.NEEDS_LOGPROBS:
             local = pruning.logit_grad_sizes([torch.tensor([0.0 if x is None else x for x in lp], dtype=torch.float64)
@@ -373,26 +456,28 @@ class DPPOTrainer(GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **kwargs):
-        """No-grad passes of a pruned generation batch (old policy, reference) score the kept rows only; pruned rows
-        get NaN (never read: the loss drops them, and TRL's vLLM IS ratio maps NaN to 1)."""
-        gen = self._generation
-        phase = "reference" if model is self.ref_model else "old_policy"
-        if gen is None or gen.local_keep is None or torch.is_grad_enabled() or \
-                any(v is not None for v in kwargs.values()) or input_ids.size(0) != gen.local_keep.numel():
-            if gen is not None:
-                self.scored_rows[phase] += input_ids.size(0)
-                self.scored_positions[phase] += input_ids.numel()
+        """When pruning: no-grad passes of a pruned generation batch (old policy, reference) score the kept rows
+        only (pruned rows get NaN, never read: the loss drops them, and TRL's vLLM IS ratio maps NaN to 1), and every
+        pass, the update's too, goes through `_score` (packed with `pack_sequences`)."""
+        if not self.pruning:
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                               batch_size, compute_entropy, compute_aux_loss, **kwargs)
+        gen = self._generation
+        phase = "update" if torch.is_grad_enabled() else None if gen is None else \
+            "reference" if model is self.ref_model else "old_policy"
+        score = functools.partial(self._score, model, batch_size=batch_size, compute_entropy=compute_entropy,
+                                  compute_aux_loss=compute_aux_loss, phase=phase)
+        if phase in (None, "update") or gen.local_keep is None or any(v is not None for v in kwargs.values()) or \
+                input_ids.size(0) != gen.local_keep.numel():
+            if phase not in (None, "update"):
+                self.scored_rows[phase] += input_ids.size(0)
+            return score(input_ids, attention_mask, logits_to_keep, **kwargs)
         rows = self._rows_in_step(gen.local_keep)
         prompt_width = input_ids.size(1) - logits_to_keep
         width = _completion_width(attention_mask[rows, prompt_width:])
-        kept = int(gen.local_keep.sum())
-        self.scored_rows[phase] += kept
-        self.scored_positions[phase] += kept * (prompt_width + width)
-        logps, entropies, aux = super()._get_per_token_logps_and_entropies(
-            model, input_ids[rows, :prompt_width + width], attention_mask[rows, :prompt_width + width], width,
-            batch_size, compute_entropy, compute_aux_loss)
+        self.scored_rows[phase] += int(gen.local_keep.sum())
+        cols = slice(0, prompt_width + width)
+        logps, entropies, aux = score(input_ids[rows, cols], attention_mask[rows, cols], width)
         full = logps.new_zeros(input_ids.size(0), logits_to_keep)
         full[rows, :width] = logps
         full[~gen.local_keep] = float("nan")
@@ -402,12 +487,54 @@ class DPPOTrainer(GRPOTrainer):
             entropies = ent
         return full, entropies, aux
 
+    def _score(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+               compute_aux_loss=False, phase=None, **kwargs):
+        """TRL's log-prob pass over padded rows, or with `pack_sequences` (text only, no MoE aux loss) the same
+        log-probs and entropies from the rows packed densely (`dppo.packing.pack_padded`: position ids restarting
+        per sequence, no attention mask; docs/method.md §3.2), scattered back to TRL's [n, logits_to_keep]
+        layout. Counts the token slots the model processed in `scored_positions[phase]`."""
+        if not self.args.pack_sequences or compute_aux_loss or any(v is not None for v in kwargs.values()):
+            if phase is not None:
+                self.scored_positions[phase] += input_ids.numel()
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                              batch_size, compute_entropy, compute_aux_loss, **kwargs)
+        config = self.accelerator.unwrap_model(model).config
+        kernel = getattr(config, "_attn_implementation", None) or "sdpa"
+        ids, pos, slot = packing.pack_padded(input_ids, attention_mask, max(self.args.pack_capacity, input_ids.size(1)),
+                                             kernel, self._tokenizer.pad_token_id or 0)
+        if phase is not None:
+            self.scored_positions[phase] += ids.numel()
+        target = slot[:, input_ids.size(1) - logits_to_keep:]  # [n, K] packed slot of each completion token
+        scored = target >= 0
+        labels = torch.full_like(ids, -100).view(-1)
+        labels[target[scored]] = ids.view(-1)[target[scored]]  # only completion tokens are scored, as TRL
+        labels = labels.view(ids.shape)
+        logps, entropies = [], []
+        chunk = max(1, (batch_size or input_ids.size(0)) * input_ids.size(1) // ids.size(1))  # TRL's tokens a forward
+        for start in range(0, ids.size(0), chunk):
+            with self.accelerator.autocast():
+                out = model(input_ids=ids[start:start + chunk], position_ids=pos[start:start + chunk],
+                            labels=labels[start:start + chunk], fused_lm_head=True)
+            logps.append(torch.nn.functional.pad(out.log_probs, (1, 0)))  # column c: the log-prob of token c
+            if compute_entropy:
+                entropies.append(torch.nn.functional.pad(out.entropy, (1, 0)))
+
+        def unpack(values: list[torch.Tensor]) -> torch.Tensor:  # [R, W] -> [n, K], 0 at padding
+            flat = torch.cat(values).reshape(-1)
+            return flat.new_zeros(target.shape).index_put(scored.nonzero(as_tuple=True), flat[target[scored]])
+        return unpack(logps), unpack(entropies) if compute_entropy else None, None
+
     # ---- weights, normaliser and history
     def _attach_weights(self, output: dict, gen: _Generation) -> dict:
         comp, sel, G = gen.comp, gen.completion, self.num_generations
         B = len(comp.rolled)
         device = output["advantages"].device
-        weight = pruning.importance_weights(comp.pi[comp.keep], sel.pi) * sel.keep  # [B, G], 0 where pruned
+        # [B, G] 1/(pi_q pi_o) where kept, 0 where pruned (pi_o = 0 is an exact zero of the proportional rule)
+        weight = torch.where(sel.keep, pruning.importance_weights(comp.pi[comp.keep], sel.pi), 0.0)
+        trl_adv = self.accelerator.gather(output["advantages"])
+        if not torch.equal(trl_adv, gen.advantages.to(trl_adv.device)):
+            raise RuntimeError(f"DPPOTrainer: TRL {trl.__version__} computed other advantages than dppo.trl."
+                               f"trl_advantages (the completion stage's); tested with TRL {TESTED_TRL[0]}.x")
         n = output["advantages"].numel()
         start = self.accelerator.process_index * n
         output["dppo_weight"] = weight.reshape(-1)[start:start + n].to(device)
@@ -422,8 +549,7 @@ class DPPOTrainer(GRPOTrainer):
         indices = self.accelerator.gather(torch.tensor([x["dppo_index"] for x in gen.inputs], device=device))
         if indices.view(-1, G)[:, 0].tolist() != comp.rolled:
             raise RuntimeError("DPPOTrainer: the generation batch's groups are not the sampler's prompts in order")
-        adv = self.accelerator.gather(output["advantages"]).double().cpu().view(-1, G)
-        rewards = torch.nan_to_num(gen.rewards)
+        adv, rewards = trl_adv.double().cpu().view(-1, G), gen.rewards
         for j, key in enumerate(comp.rolled):
             self.prompt_history.update(key, rewards[j].tolist(), adv[j].abs().tolist(), gen.lengths[j].tolist(),
                                        step=comp.batch_no)
@@ -470,9 +596,7 @@ class DPPOTrainer(GRPOTrainer):
         base = sub["tool_mask"] if "tool_mask" in sub else torch.ones_like(sub["completion_mask"])
         sub["tool_mask"] = base.to(dtype) * (c * s).to(dtype)[:, None]
         sub["num_items_in_batch"] = torch.tensor(s * P * spg / GA, dtype=dtype, device=weight.device)
-        kept = int((weight > 0).sum())
-        self.scored_rows["update"] += kept
-        self.scored_positions["update"] += kept * (sub["prompt_ids"].size(1) + sub["completion_ids"].size(1))
+        self.scored_rows["update"] += int((weight > 0).sum())
         with self._aggregated_as("dapo"):
             return super()._compute_loss(model, sub)
 
@@ -498,17 +622,19 @@ class DPPOTrainer(GRPOTrainer):
 
     # ---- checkpoints: the history and the sampler's position travel with TRL's
     def _save_checkpoint(self, model, trial):
+        """dppo_state.json first, then TRL's checkpoint, so that a pushed checkpoint (push_to_hub) holds it."""
+        if self.pruning and self.args.should_save:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+            folder = os.path.join(self._get_output_dir(trial=trial),
+                                  f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            done = self._step % generate_every == 0  # the last generation batch fully trained on
+            position = self._trained if done else self._generation_start
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, STATE_FILE), "w") as f:
+                json.dump({"history": self.prompt_history.state_dict(), "pruner": self.pruner.state_dict(),
+                           "position": list(position)}, f)
         super()._save_checkpoint(model, trial)
-        if not (self.pruning and self.args.should_save):
-            return
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        generate_every = self.args.steps_per_generation * self.num_iterations
-        done = self._step % generate_every == 0  # the last generation batch fully trained on
-        position = self._trained if done else self._generation_start
-        with open(os.path.join(folder, STATE_FILE), "w") as f:
-            json.dump({"history": self.prompt_history.state_dict(), "pruner": self.pruner.state_dict(),
-                       "position": list(position)}, f)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -519,9 +645,7 @@ class DPPOTrainer(GRPOTrainer):
             state = json.load(f)
         self.prompt_history.load_state_dict(state["history"])
         self.pruner.load_state_dict(state["pruner"])
-        self._trained = tuple(state["position"])
-        if self._sampler is not None:
-            self._sampler.pass_no, self._sampler.position, self._sampler.batch_no = self._trained
+        self._trained = tuple(state["position"])  # the sampler's next iteration starts there
 
 
 def _completion_width(completion_mask: torch.Tensor) -> int:

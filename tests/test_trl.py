@@ -27,7 +27,7 @@ from dppo.model import load_policy  # noqa: E402
 from dppo.trl import DPPOConfig, DPPOTrainer  # noqa: E402
 from tests.masks import enumerate_draws  # noqa: E402
 from tests.trl_rig import (COMPLETIONS, PROMPTS, SPG, G, batch_gradient, float64_numerics, make_trainer,  # noqa: E402
-                           rows)
+                           rows, sampling_logprobs)
 
 # A "float64" model is not float64 end to end: TRL 1.16 scores log-probs with a float32 kernel
 # (trl/kernels/chunked_logprob.py: fp32 logsumexp statistics, fp32 gradient GEMMs) and transformers' Qwen3RMSNorm
@@ -46,32 +46,52 @@ CASES = [("grpo", 0.0, "bernoulli", 0.0), ("grpo", 0.1, "fixed_count", 0.0), ("g
 AS_SHIPPED = [CASES[i] for i in (2, 3, 6, 8)]  # each loss type once, prompt pruning where it is allowed
 
 
-@pytest.mark.parametrize("loss_type,beta,sampling,prompt_rate,numerics",
-                         [(*c, "float64") for c in CASES] + [(*c, "as_shipped") for c in AS_SHIPPED])
-def test_expected_gradient_is_trls_full_batch_gradient(embedded64, tmp_path, loss_type, beta, sampling, prompt_rate,
-                                                      numerics, monkeypatch):
-    """E over every prompt and completion mask of DPPOTrainer's gradient (its sampler's prompt stage, its
-    generation-batch pipeline, TRL's loss with the weights, backward) = GRPOTrainer's gradient of the full covered
-    batch, in float64: to 1e-9 with TRL's log-prob kernel and the model's norms computed in float64, to float32
-    rounding as shipped (TOLERANCE). With prompt pruning at r_q = 0.7 the 4 prompts are
-    candidates (zero variance at the last visit, mean lengths as recorded): fixed_count keeps exactly 2 of 4, so the
-    batch covers all 4 and generates 2 (6 outcomes); without, 2 prompts are covered and generated."""
-    if numerics == "float64":
-        float64_numerics(monkeypatch)
-    model, tok = embedded64
+def enumerate_trl_step(model, tok, tmp_path, loss_type, beta, sampling, prompt_rate, length_shift=0.0,
+                       perturb=False, **step):
+    """(every mask outcome's (probability, DPPOTrainer gradient), GRPOTrainer's gradient of the full covered batch,
+    DPPOTrainer). With prompt pruning the 4 prompts are candidates (zero variance at the last visit) whose recorded
+    mean lengths are the given completions' plus `length_shift`; fixed_count keeps exactly 2 of 4, so the batch
+    covers all 4 and generates 2 (6 outcomes); without, 2 prompts are covered and generated. `perturb`: the
+    parameters move after the old-policy pass and before the loss (as num_iterations > 1 reuses a batch), the same
+    move for both trainers. `step`: GRPOConfig fields of the step's shape (steps_per_generation, ...)."""
     covered = [0, 1, 2, 3] if prompt_rate else [0, 1]
     data = Dataset.from_list([{"prompt": p} for p in PROMPTS[:len(covered)]])
-    common = dict(loss_type=loss_type, beta=beta)
+    vllm_is = step.pop("vllm_is", False)  # TRL's vLLM importance-sampling correction, on sampling log-probs near
+    logprobs = sampling_logprobs(model, tok, covered) if vllm_is else False  # the model's (ratios around 1)
+    common = dict(loss_type=loss_type, beta=beta, logprobs=logprobs, **step)
+    spg = step.get("steps_per_generation", SPG)
+    torch.manual_seed(1)
+    move = [0.01 * torch.randn_like(p) for p in model.parameters()] if perturb else None
     full = make_trainer(GRPOTrainer, GRPOConfig, copy.deepcopy(model), tok, data, tmp_path / "grpo",
-                        len(covered) * G // SPG, **common)
-    target = batch_gradient(full, full._generate_and_score_completions(rows(covered)))
+                        len(covered) * G // spg, **common)
+    dppo = make_trainer(DPPOTrainer, DPPOConfig, copy.deepcopy(model), tok, data, tmp_path / "dppo",
+                        2 * G // spg, **common, prompt_prune_rate=prompt_rate, completion_prune_rate=0.5,
+                        prune_sampling=sampling)
+    for trainer in (full, dppo) if vllm_is else ():  # set after construction: no vLLM engine is built
+        trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
+    original = [p.detach().clone() for p in model.parameters()]
 
-    dppo = make_trainer(DPPOTrainer, DPPOConfig, copy.deepcopy(model), tok, data, tmp_path / "dppo", G, **common,
-                        prompt_prune_rate=prompt_rate, completion_prune_rate=0.5, prune_sampling=sampling)
+    def set_parameters(trainer, moved: bool):
+        with torch.no_grad():
+            for i, p in enumerate(trainer.model.parameters()):
+                p.copy_(original[i] + move[i] if moved else original[i])
+
+    def gradient(trainer, batch):
+        """The batch generated (and its old-policy pass run) at the original parameters, the gradient at the moved
+        ones when perturbing."""
+        set_parameters(trainer, False)
+        output = trainer._generate_and_score_completions(batch)
+        if move is not None:
+            set_parameters(trainer, True)
+        return batch_gradient(trainer, output)
+
+    target = gradient(full, rows(covered))
     sampler = dppo._get_train_sampler()
     sampler.max_passes = 1
-    for key in covered if prompt_rate else []:  # seen before, zero variance, the lengths these completions have
-        mean_len = sum(len(c) for c in COMPLETIONS[key][0]) / G
+    for key in covered if prompt_rate else []:  # seen before, zero variance, the loss tokens these completions have
+        truncation = step.get("mask_truncated_completions")
+        counted = [c for c in COMPLETIONS[key][0] if not truncation or c[-1] == tok.eos_token_id]
+        mean_len = sum(map(len, counted)) / G + length_shift
         dppo.prompt_history.records[key] = PromptRecord(visits=1, zero_variance=True, mean_length=mean_len)
     history = copy.deepcopy(dppo.prompt_history.records)
 
@@ -81,17 +101,76 @@ def test_expected_gradient_is_trls_full_batch_gradient(embedded64, tmp_path, los
         comp = sampler.compose()
         assert sorted(comp.covered) == covered and len(comp.rolled) == 2
         sampler.compositions[comp.batch_no] = comp
-        return batch_gradient(dppo, dppo._generate_and_score_completions(rows(comp.rolled, comp.batch_no)))
+        return gradient(dppo, rows(comp.rolled, comp.batch_no))
 
     draws = enumerate_draws(one_draw)
     assert len(draws) > (6 if prompt_rate else 3)  # masks were enumerated at the stages under test
+    return draws, target, dppo
+
+
+def relative_error(draws, target) -> float:
     expected = sum(p * g for p, g in draws)
-    scale = float(target.abs().max())
-    error = float((expected - target).abs().max()) / scale
+    return float((expected - target).abs().max()) / float(target.abs().max())
+
+
+@pytest.mark.parametrize("loss_type,beta,sampling,prompt_rate,numerics",
+                         [(*c, "float64") for c in CASES] + [(*c, "as_shipped") for c in AS_SHIPPED])
+def test_expected_gradient_is_trls_full_batch_gradient(embedded64, tmp_path, loss_type, beta, sampling, prompt_rate,
+                                                      numerics, monkeypatch):
+    """E over every prompt and completion mask of DPPOTrainer's gradient (its sampler's prompt stage, its
+    generation-batch pipeline, TRL's loss with the weights, backward) = GRPOTrainer's gradient of the full covered
+    batch, in float64: to 1e-9 with TRL's log-prob kernel and the model's norms computed in float64, to float32
+    rounding as shipped (TOLERANCE). With prompt pruning at r_q = 0.7 the candidates' recorded lengths are their
+    true mean lengths, so dapo's token normaliser Z is the batch's token count (other lengths: the next test)."""
+    if numerics == "float64":
+        float64_numerics(monkeypatch)
+    draws, target, _ = enumerate_trl_step(*embedded64, tmp_path, loss_type, beta, sampling, prompt_rate)
+    error = relative_error(draws, target)
     print(f"max |E[g] - g_TRL| / max |g_TRL| = {error:.2e}")
     assert error <= TOLERANCE[numerics], error
     # the enumeration can tell: one mask outcome alone is not the full-batch gradient
-    assert float((draws[0][1] - target).abs().max()) / scale > 1e-3
+    assert float((draws[0][1] - target).abs().max()) / float(target.abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("loss_type,step,perturb", [
+    ("dapo", dict(steps_per_generation=2, gradient_accumulation_steps=1), False),  # spg > GA: two steps a batch
+    ("dapo", dict(steps_per_generation=1, gradient_accumulation_steps=2), False),  # GA > spg
+    ("grpo", dict(steps_per_generation=2, gradient_accumulation_steps=1), False),
+    ("grpo", dict(num_iterations=2), True),  # the old-policy pass scores the kept rows; the ratio moves off 1
+    ("dapo", dict(num_iterations=2, epsilon=0.05), True),  # ... and clips
+    ("dr_grpo", dict(mask_truncated_completions=True), False),  # completions without EOS leave the loss
+    ("dapo", dict(mask_truncated_completions=True), False),  # ... and the token count
+    ("grpo", dict(vllm_is=True), False),  # TRL's vLLM IS ratio (default: sequence level, masked above 3)
+    ("dapo", dict(vllm_is=True, vllm_importance_sampling_mode="token_truncate"), False),  # per token, clipped at 3
+])
+def test_expected_gradient_in_other_step_shapes(embedded64, tmp_path, monkeypatch, loss_type, step, perturb):
+    """The same identity (E[g] = GRPOTrainer's full-batch gradient, 1e-9 in float64) where TRL's step differs from one
+    optimizer step per generation batch: steps_per_generation and gradient_accumulation_steps unequal either way
+    (the sum of the batch's steps' gradients; dapo's factor P spg / GA), num_iterations = 2 with the parameters moved
+    after the old-policy pass (importance ratios != 1, clipped), mask_truncated_completions (the rig's completions
+    that end without EOS leave the loss), and TRL's vLLM importance-sampling correction (the rig's sampling log-probs
+    against the old policy's, token and sequence level)."""
+    float64_numerics(monkeypatch)
+    prompt_rate = 0.7 if loss_type == "dapo" else 0.0
+    draws, target, dppo = enumerate_trl_step(*embedded64, tmp_path, loss_type, 0.1, "bernoulli", prompt_rate,
+                                             perturb=perturb, **step)
+    assert relative_error(draws, target) <= TOLERANCE["float64"]
+    if perturb or dppo.use_vllm:
+        assert dppo.scored_rows["old_policy"] > 0  # the old-policy pass ran (on kept rows)
+
+
+@pytest.mark.parametrize("shift", [-0.5, 1.0])
+def test_dapo_prompt_stage_normaliser_uses_recorded_lengths(embedded64, tmp_path, monkeypatch, shift):
+    """dapo with prompt pruning divides by Z_tok = sum over candidate prompts of G x their mean length at the last
+    visit (docs/method.md §2.6), fixed before the masks: when those lengths are off by `shift` tokens, E[g] is
+    GRPOTrainer's gradient scaled by T_S / Z_tok (T_S: the covered batch's true loss tokens), to 1e-9."""
+    float64_numerics(monkeypatch)
+    draws, target, _ = enumerate_trl_step(*embedded64, tmp_path, "dapo", 0.1, "fixed_count", 0.7,
+                                          length_shift=shift)
+    true_tokens = sum(len(c) for k in range(4) for c in COMPLETIONS[k][0])
+    z = true_tokens + 4 * G * shift
+    assert relative_error(draws, target * true_tokens / z) <= TOLERANCE["float64"]
+    assert relative_error(draws, target) > 1e-3  # the factor is visible
 
 
 @pytest.mark.parametrize("proxy", ["adv", "logit_rms"])
@@ -176,7 +255,7 @@ def test_rates_zero_is_grpo_trainer(tmp_path):
         trainer = cls(model=model, reward_funcs=length_reward, args=args, train_dataset=data, processing_class=tok)
         trainer.train()
         finals.append(torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]))
-    assert not trainer.pruning and trainer.pruning_log == []
+    assert not trainer.pruning and list(trainer.pruning_log) == []
     assert not torch.equal(finals[0], initial)  # the run moved the weights, so equality means something
     assert torch.equal(finals[0], finals[1])
 
@@ -221,20 +300,42 @@ def test_resume_continues_the_pruning_history(tmp_path):
     same = a.pruning_log[5]
     for key in ("batch", "pass", "covered", "prompt_keep", "prompt_pi"):
         assert first[key] == same[key], key
-    assert [e["covered"] for e in b.pruning_log] == [e["covered"] for e in a.pruning_log[5:]]
+    assert [e["covered"] for e in b.pruning_log] == [e["covered"] for e in list(a.pruning_log)[5:]]
     visits = {k: r.visits for k, r in a.prompt_history.records.items()}
     assert {k: r.visits for k, r in b.prompt_history.records.items()} == visits
+
+
+def two_processes(out: Path, mode: str) -> None:
+    """tests/trl_worker.py `mode` on 2 gloo processes (torchrun)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(Path(__file__).with_name("trl_worker.py")), str(out), mode]
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+
+
+def test_two_processes_average_to_the_one_process_gradient(tmp_path, monkeypatch):
+    """The rig's generation batch shared by 2 gloo processes, each scoring its half of the rows: the gradient DDP
+    applies (the ranks' mean) equals one process's gradient of the whole batch, to 1e-9 in float64, for grpo without
+    and dapo and dr_grpo with prompt pruning: each rank weights its own rows (its slice of the batch's weights) and
+    TRL's per-process factors (dapo's P, the gathered token count) cancel in the mean."""
+    from tests.trl_worker import CASES, rig_gradient, rig_trainer
+
+    two_processes(tmp_path, "gradients")
+    averaged = torch.load(tmp_path / "gradients.pt")
+    float64_numerics(monkeypatch)
+    for loss_type, prompt_rate in CASES:
+        one = rig_gradient(rig_trainer(loss_type, prompt_rate, 1, str(tmp_path / loss_type)), 1, 0)
+        assert bool(one.any())
+        error = float((averaged[loss_type] - one).abs().max()) / float(one.abs().max())
+        assert error <= TOLERANCE["float64"], (loss_type, error)
 
 
 def test_two_processes_compose_the_same_masks(tmp_path):
     """2 gloo processes (torchrun): every rank composes the same covered prompts and draws the same prompt and
     completion masks, while each generates its own half of the rows."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(Path(__file__).with_name("trl_worker.py")), str(tmp_path)]
-    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    two_processes(tmp_path, "run")
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["processes"] == r1["processes"] == 2 and r0["steps"] == r1["steps"]
     assert r0["log"] == r1["log"] and len(r0["log"]) == r0["steps"]
@@ -256,6 +357,8 @@ def test_two_processes_compose_the_same_masks(tmp_path):
     (dict(completion_prune_rate=0.5, inclusion="proportional"), "size_proxy"),  # logit_sum reads vLLM's log-probs
     (dict(size_proxy="entropy"), "size_proxy"),
     (dict(uniform_mix=1.5), "uniform_mix"),
+    (dict(completion_prune_rate=0.5, top_entropy_quantile=0.8), "top_entropy_quantile"),
+    (dict(prompt_prune_rate=0.5, accelerator_config={"dispatch_batches": True}), "accelerator_config.dispatch_batches"),
 ])
 def test_bad_pruning_fields_are_one_line_errors(tmp_path, kw, field):
     with pytest.raises(ConfigError, match=f"config field '{field}' must be") as e:
