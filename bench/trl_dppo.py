@@ -13,9 +13,9 @@ the data take fewer generation batches and its updates fewer rows.
 
 `--model smollm2-135m`: SmolLM2-135M-Instruct on the arithmetic task instead, as experiments/cpu/real_grpo.yaml sets
 it (TRL's conversational prompts, so TRL applies the model's chat template; 8 prompts x 8 completions, <= 32 new
-tokens, temperature 0.7, lr 3e-5 after 2 warm-up steps, answers read with answer_format last_number; the --train-size
-problems of seed 0's split, evaluated on its 256 held-out problems x 2 samples); --epochs and --train-size default to
-the study's 2 and 64.
+tokens, temperature 0.7, lr 3e-5 after 2 warm-up steps, two micro-batches of 32 rows a step (memory), answers read
+with answer_format last_number; the --train-size problems of seed 0's split, evaluated on its 256 held-out problems x
+2 samples); --epochs and --train-size default to the study's 2 and 64.
 
 The two trainers train in two threads of one process and take turns, one optimizer step each (a callback passes a
 baton), so a busy machine slows both alike; each step's wall and process CPU time is taken while it holds the baton.
@@ -58,8 +58,10 @@ COMMON = dict(use_cpu=True, bf16=False, gradient_checkpointing=False, lr_schedul
 SETUPS = {
     "embedded": dict(prompts=16, trl=dict(learning_rate=1e-4, warmup_steps=10, max_completion_length=64,
                                           temperature=1.0), eval=(4, 1.0, 64), answer_format="boxed"),
+    # two micro-batches of 32 rows a step: a 64-row batch at a 49k vocabulary outgrows 24 GB in the two trainers
     "smollm2-135m": dict(prompts=8, trl=dict(learning_rate=3e-5, warmup_steps=2, max_completion_length=32,
-                                             temperature=0.7), eval=(2, 0.7, 32), answer_format="last_number"),
+                                             temperature=0.7, steps_per_generation=2, gradient_accumulation_steps=2),
+                         eval=(2, 0.7, 32), answer_format="last_number"),
 }
 PRUNING = dict(prompt_prune_rate=0.5, completion_prune_rate=0.5, prune_sampling="bernoulli")
 
@@ -170,9 +172,10 @@ def run_pair(seed: int, epochs: float, train, prompts: list, evals: dict, steps:
     for name, other, cls, cfg, extra in (("TRL GRPO", "DPPO in TRL", GRPOTrainer, GRPOConfig, {}),
                                          ("DPPO in TRL", "TRL GRPO", DPPOTrainer, DPPOConfig, PRUNING)):
         policy, tok = load_policy(model)
+        micro = setup["trl"].get("gradient_accumulation_steps", 1)  # one optimizer step per generation batch
         args = cfg(output_dir=f"{out}/{name.split()[0]}", num_train_epochs=epochs, seed=seed,
-                   max_steps=steps if steps else -1, per_device_train_batch_size=per_batch * G, **COMMON,
-                   **setup["trl"], **extra)
+                   max_steps=steps if steps else -1, per_device_train_batch_size=per_batch * G // micro,
+                   **{**COMMON, **setup["trl"]}, **extra)
         trainers[name] = cls(model=policy, reward_funcs=rewarder(setup["answer_format"]), args=args,
                              train_dataset=data, processing_class=tok, callbacks=[Baton(shared, name, other)])
     phases = {name: Phases(tr) for name, tr in trainers.items()}
@@ -240,6 +243,9 @@ def main() -> None:
             print(f"{seed:>4}  {name:<12}{x['steps']:>6}{x['wall']:>8.1f}{x['cpu']:>8.1f}{ratio}{100 * x['acc']:>10.1f}"
                   f"{x['generated']:>11}{x['update_rows']:>13}", flush=True)
             phase_rows.append((seed, name, x))
+            print(f"      phases: generate {x['t_generate']:.1f} s, score {x['t_score']:.1f} s, update "
+                  f"{x['t_update']:.1f} s; tokens generated {x['generated_tokens']}, slots scored {x['scored']}, "
+                  f"trained {x['trained']}", flush=True)
         if trl["acc_at_dppo_time"] is not None:
             print(f"{seed:>4}  TRL GRPO at DPPO's training time (equal compute, step {trl['steps_at_dppo_time']}): "
                   f"Pass@1 {100 * trl['acc_at_dppo_time']:.1f} %", flush=True)

@@ -2,6 +2,7 @@
 
     pip install -e .[bench]          # TRL (optional extra)
     python bench/vs_trl.py [--epochs 3] [--train-size 640] [--steps 0]
+    python bench/vs_trl.py --model smollm2-135m --steps 3     # the real pretrained model (docs/method.md §4.6)
 
 Work: the embedded model and task, math-verify reward, 16 prompts x 8 completions per step, <= 64 new tokens,
 temperature 1, beta 0 (no reference model), TRL's `grpo` loss (dppo: algorithm grpo, the same sequence-mean of
@@ -20,6 +21,12 @@ constant_with_warmup` (dppo's schedule; TRL decays linearly), `learning_rate=1e-
 parameter models), `loss_type="grpo"` and `scale_rewards="group"` (the GRPO being compared), `beta=0`,
 `report_to="none"`, `save_strategy="no"` and `logging_steps=1` (no I/O in the timed loop). One difference is
 left: transformers' warm-up starts at lr 0 on the first step, dppo's at lr / warmup_steps.
+
+`--model smollm2-135m`: SmolLM2-135M-Instruct (a 49k vocabulary, where the head and the packing weigh more) on the
+arithmetic task, each run as experiments/cpu/real_grpo.yaml / real_dppo.yaml set it (8 prompts x 8 completions, <= 32
+tokens, temperature 0.7, lr 3e-5 after 2 warm-up steps; TRL with conversational prompts, so it applies the same chat
+template, in two micro-batches of 32 rows a step as bench/trl_dppo.py); --epochs and --train-size default to the
+study's 2 and 64, evaluation on seed 0's 256 held-out problems x 2 samples.
 """
 
 from __future__ import annotations
@@ -34,49 +41,56 @@ import torch
 from dppo.config import TrainConfig
 from dppo.evaluation import evaluate
 from dppo.model import load_policy, resolve_model_path
-from dppo.reward import math_reward
 from dppo.rollout import HFRollout
-from dppo.task import make_eval, make_train
 from dppo.trainer import Trainer
 
 COMMON = dict(train_size=640, prompts_per_step=16, group_size=8, max_new_tokens=64, temperature=1.0, lr=1e-4,
               warmup_steps=10, max_grad_norm=1.0, kl_coef=0.0, eval_every=10**6, save_every=10**6, seed=0)
 
 
-def trl_trainer(out: str, train, epochs: float, callback):
+def trl_trainer(out: str, train, prompts: list, epochs: float, callback, model_name: str = "embedded"):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
+    from trl_dppo import SETUPS, rewarder  # bench/trl_dppo.py: the same TRL settings per model
 
-    model, tok = load_policy("embedded")
-
-    def reward(prompts, completions, answer, **kwargs):
-        return [math_reward(c, a) for c, a in zip(completions, answer)]
-
-    args = GRPOConfig(output_dir=out, use_cpu=True, bf16=False, gradient_checkpointing=False, learning_rate=1e-4,
-                      lr_scheduler_type="constant_with_warmup", warmup_steps=10, max_grad_norm=1.0, beta=0.0,
-                      loss_type="grpo", scale_rewards="group", num_generations=8, per_device_train_batch_size=128,
-                      steps_per_generation=1, num_iterations=1, max_completion_length=64,
-                      temperature=1.0, num_train_epochs=epochs, report_to="none", save_strategy="no",
-                      logging_steps=1, seed=0, disable_dropout=True)
-    data = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in train])
-    return GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
-                       callbacks=[callback])
+    model, tok = load_policy(model_name)
+    setup = SETUPS[model_name]
+    kw = {**dict(learning_rate=1e-4, warmup_steps=10, max_completion_length=64, temperature=1.0), **setup["trl"]}
+    micro = kw.get("gradient_accumulation_steps", 1)
+    args = GRPOConfig(output_dir=out, use_cpu=True, bf16=False, gradient_checkpointing=False,
+                      lr_scheduler_type="constant_with_warmup", max_grad_norm=1.0, beta=0.0, loss_type="grpo",
+                      scale_rewards="group", num_generations=8,
+                      per_device_train_batch_size=setup["prompts"] * 8 // micro,
+                      num_iterations=1, num_train_epochs=epochs, report_to="none", save_strategy="no",
+                      logging_steps=1, seed=0, disable_dropout=True, **{"steps_per_generation": 1, **kw})
+    data = Dataset.from_list([{"prompt": q, "answer": p.answer} for q, p in zip(prompts, train)])
+    return GRPOTrainer(model=model, reward_funcs=rewarder(setup["answer_format"]), args=args, train_dataset=data,
+                       processing_class=tok, callbacks=[callback])
 
 
 def main() -> None:
     from transformers import TrainerCallback
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=float, default=3.0)
-    ap.add_argument("--train-size", type=int, default=640)
+    ap.add_argument("--epochs", type=float, default=None, help="passes over the data (embedded 3, smollm2-135m 2)")
+    ap.add_argument("--train-size", type=int, default=None, help="training problems (embedded 640, smollm2-135m 64)")
     ap.add_argument("--steps", type=int, default=0, help="stop every run after this many steps (0: to the end)")
+    ap.add_argument("--model", choices=("embedded", "smollm2-135m"), default="embedded")
     args = ap.parse_args()
-    resolve_model_path("embedded")
-    common = {**COMMON, "train_size": args.train_size, "epochs": args.epochs, "max_steps": args.steps}
+    real = args.model != "embedded"
+    epochs, train_size = args.epochs or (2.0 if real else 3.0), args.train_size or (64 if real else 640)
+    resolve_model_path(args.model)
+    if real:  # the study's YAML files, as they are (their seed 0 split)
+        common = {"train_size": train_size, "epochs": epochs, "max_steps": args.steps, "seed": 0,
+                  "eval_every": 10**6, "save_every": 10**6}
+        grpo_yaml, dppo_yaml = "experiments/cpu/real_grpo.yaml", "experiments/cpu/real_dppo.yaml"
+    else:
+        common = {**COMMON, "train_size": train_size, "epochs": epochs, "max_steps": args.steps}
+        grpo_yaml, dppo_yaml = "experiments/cpu/grpo.yaml", "experiments/cpu/dppo.yaml"
     with tempfile.TemporaryDirectory() as d:
-        runs = {"dppo GRPO": Trainer(TrainConfig.load("experiments/cpu/grpo.yaml", {
+        runs = {"dppo GRPO": Trainer(TrainConfig.load(grpo_yaml, {
                     **common, "packing": "shared", "pack_capacity": 256, "output_dir": f"{d}/grpo"})),
-                "dppo DPPO": Trainer(TrainConfig.load("experiments/cpu/dppo.yaml", {**common, "output_dir": f"{d}/dppo"}))}
+                "dppo DPPO": Trainer(TrainConfig.load(dppo_yaml, {**common, "output_dir": f"{d}/dppo"}))}
         times: dict[str, list[tuple[float, float]]] = {k: [] for k in ("TRL GRPO", *runs)}
 
         def step(name: str, tr: Trainer) -> None:
@@ -94,18 +108,24 @@ def main() -> None:
                     if not tr.finished():
                         step(name, tr)
 
-        train = make_train(args.train_size, 0)
-        trl = trl_trainer(f"{d}/trl", train, args.epochs, Alternate())
+        from trl_dppo import task  # the same problems, TRL's prompts and the evaluation splits per model
+
+        train, splits, prompts = task(args.model, train_size)
+        trl = trl_trainer(f"{d}/trl", train, prompts, epochs, Alternate(), args.model)
         if args.steps:
             trl.args.max_steps = args.steps
         trl.train()
         for name, tr in runs.items():  # DPPO may need fewer steps; GRPO exactly as many as TRL
             while not tr.finished():
                 step(name, tr)
-        splits = make_eval(64, 0, train)
+        from trl_dppo import SETUPS
+
+        samples, temperature, new_tokens = SETUPS[args.model]["eval"]
+        answer_format = SETUPS[args.model]["answer_format"]
         tok = runs["dppo GRPO"].tok
-        policies = {"TRL GRPO": trl.model, **{k: tr.policy for k, tr in runs.items()}}
-        acc = {k: evaluate(HFRollout(m.eval(), tok), splits, 4, 1.0, 64, seed=17)["avg"] for k, m in policies.items()}
+        policies = {"TRL GRPO": trl.model, **{name: tr.policy for name, tr in runs.items()}}
+        acc = {name: evaluate(HFRollout(m.eval(), tok), splits, samples, temperature, new_tokens, seed=17,
+                              answer_format=answer_format)["avg"] for name, m in policies.items()}
     base = times["TRL GRPO"]
     n = min(len(base), len(times["dppo GRPO"]))
     ratios = [times["dppo GRPO"][i][0] / base[i][0] for i in range(n)]
