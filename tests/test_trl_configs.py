@@ -208,7 +208,7 @@ def padded_batch(tok, prompts: list[str], completions: list[list[int]]):
 def test_packed_passes_equal_padded(embedded, tmp_path, monkeypatch, dtype, tolerance):
     """pack_sequences: the log-probs and entropies of the completion tokens, and the gradient of a weighted sum of
     the log-probs, computed on the rows packed densely equal TRL's padded pass (float64: 1e-12 with TRL's kernel and
-    the norms in float64; float32 as shipped: 1e-5, measured ~1e-6), in fewer token slots."""
+    the norms in float64, measured <= 1.9e-15; float32 as shipped: 1e-5, measured <= 5.7e-7), in fewer token slots."""
     if dtype == torch.float64:
         float64_numerics(monkeypatch)
     model, tok = embedded
@@ -231,5 +231,7 @@ def test_packed_passes_equal_padded(embedded, tmp_path, monkeypatch, dtype, tole
         results[packed] = (logps[completion_mask].detach(), entropies[completion_mask].detach(), grad)
         slots[packed] = trainer.scored_positions["update"]
     for got, want in zip(results[True], results[False]):
-        assert float((got - want).abs().max()) / float(want.abs().max()) <= tolerance
+        error = float((got - want).abs().max()) / float(want.abs().max())
+        print(f"packed vs padded: {error:.1e}")
+        assert error <= tolerance
     assert slots[False] == ids.numel() and slots[True] <= int(mask.sum()) < slots[False]  # one row, no padding
