@@ -5,7 +5,10 @@
 The estimate is FLOPs over a stated throughput, per training run (docs/method.md §4.2):
 
     rollout   2 N x rolled tokens                      at DECODE_MFU of the peak (memory-bound decoding)
-    update    (6 N x ppo_epochs + 2 N old + 2 N ref) x trained tokens      at TRAIN_MFU
+    update    update_flops_per_token x trained tokens                      at TRAIN_MFU
+              = 2 N (cost.training_multiplier(gradient_checkpointing) x ppo_epochs + [old] + [ref]): 8 N a pass
+              with checkpointing (the forward recomputed), 6 N without; + 2 N for the old log-probs when off-policy,
+              + 2 N for the reference when kl_coef > 0
     eval      2 N x (problems x k x tokens) per evaluation                at DECODE_MFU
 
 with N the model's parameters, tokens = PROMPT_TOKENS + max_new_tokens / 2 per sample, and pruning's expected
@@ -24,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from dppo.config import TrainConfig
+from dppo.cost import training_multiplier
 from dppo.studies import BY_NAME
 
 PEAK_FLOPS = 989e12  # H100 SXM, dense BF16 tensor-core peak (NVIDIA H100 Tensor Core GPU datasheet)
@@ -65,6 +69,18 @@ def dataset_size(source: str, limit: int | None = None, embedded_size: int = 0) 
     return min(n, limit) if limit else n
 
 
+def update_flops_per_token(cfg: TrainConfig, n_params: float) -> float:
+    """FLOPs of the update per trained token (docs/method.md §4.2, §5.1): a forward is 2 N; a training pass is
+    `cost.training_multiplier` forwards (forward + a backward of twice its cost, + the recomputed forward under
+    gradient checkpointing), once per inner epoch; one more forward scores the old log-probs when the update is
+    off-policy (ppo_epochs x num_minibatches > 1) and one the reference when kl_coef > 0:
+
+        2 N (training_multiplier(gradient_checkpointing) x ppo_epochs + [off-policy] + [kl_coef > 0])"""
+    off_policy = cfg.ppo_epochs * cfg.num_minibatches > 1
+    passes = training_multiplier(cfg.gradient_checkpointing) * cfg.ppo_epochs + off_policy + (cfg.kl_coef > 0)
+    return 2 * n_params * passes
+
+
 def run_gpu_hours(cfg: TrainConfig) -> float:
     """Estimated GPU-hours of one training run (module docstring)."""
     n_params = model_params(cfg.model_name_or_path.removeprefix("hf:"))
@@ -73,9 +89,7 @@ def run_gpu_hours(cfg: TrainConfig) -> float:
     rolled = 1.0 - (cfg.prompt_prune_rate / 2 if cfg.pruner in ("dppo", "dppo_biased") else 0.0)
     trained = rolled * (1.0 - cfg.completion_prune_rate)
     samples = prompts * cfg.group_size
-    off_policy = cfg.ppo_epochs * cfg.num_minibatches > 1
-    update_flops_per_token = n_params * (6 * cfg.ppo_epochs + 2 * off_policy + 2 * (cfg.kl_coef > 0))
-    train_flops = samples * tokens * trained * update_flops_per_token
+    train_flops = samples * tokens * trained * update_flops_per_token(cfg, n_params)
     rollout_flops = samples * tokens * rolled * 2 * n_params
     splits = cfg.eval_datasets or {f"level{i}": None for i in range(1, 6)} | {"ood": None}
     per_eval = sum(dataset_size(src, cfg.eval_size) if src else cfg.eval_size
@@ -90,16 +104,25 @@ def run_gpu_hours(cfg: TrainConfig) -> float:
 
 
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 master weights (4) + AdamW's two fp32 moments (8)
-FINAL_BYTES_PER_PARAM = 4  # final/: the fp32 weights
+SAVE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # final/: the weights in the config's save_dtype (float32 if unset)
+
+
+def final_bytes_per_param(cfg: TrainConfig) -> int:
+    """Bytes a parameter takes in final/: 4 (float32, the default) or 2 (bfloat16), from `save_dtype`."""
+    dtype = getattr(cfg, "save_dtype", "float32")
+    if dtype not in SAVE_DTYPE_BYTES:
+        raise ValueError(f"save_dtype must be one of {list(SAVE_DTYPE_BYTES)}, got {dtype!r}")
+    return SAVE_DTYPE_BYTES[dtype]
 
 
 def run_disk_bytes(cfg: TrainConfig) -> tuple[float, float]:
-    """(disk a finished run keeps, the most it holds while training): final/, plus its `keep_checkpoints` newest
-    checkpoints unless `keep_checkpoints_after_final` is false; while training, one more checkpoint than kept (the
-    newest is complete before the oldest is removed). Qwen3-4B: 16 GB final/, 48 GB a checkpoint."""
+    """(disk a finished run keeps, the most it holds while training): final/ (N x `final_bytes_per_param`), plus its
+    `keep_checkpoints` newest checkpoints (12 N each) unless `keep_checkpoints_after_final` is false; while training,
+    one more checkpoint than kept (the newest is complete before the oldest is removed). Qwen3-4B: final/ 16 GB in
+    float32, 8 GB in bfloat16; 48 GB a checkpoint."""
     n_params = model_params(cfg.model_name_or_path.removeprefix("hf:"))
     checkpoints = cfg.keep_checkpoints * CHECKPOINT_BYTES_PER_PARAM * n_params
-    final = FINAL_BYTES_PER_PARAM * n_params
+    final = final_bytes_per_param(cfg) * n_params
     return (final + (checkpoints if cfg.keep_checkpoints_after_final else 0.0),
             final + checkpoints + CHECKPOINT_BYTES_PER_PARAM * n_params)
 
@@ -131,39 +154,76 @@ def study_params(study: str, profile: str) -> dict:
     return paper_params(study) if profile == "paper" else {}
 
 
+def study_runs(study: str, profile: str) -> dict[Path, tuple[str, TrainConfig]]:
+    """{run folder: (its YAML, its config)} of every training run a study launches under `profile`, in order; a run
+    shared between tables once (it trains once)."""
+    from dppo import studies as registry
+    from dppo.results import study_root
+
+    params = study_params(study, profile)
+    layouts = registry.study_layouts(study, **registry.layout_params(params))
+    seeds = params.get("seeds", registry.BY_NAME[study].seeds)
+    runs = {}
+    for layout in layouts.values():
+        for cfg_path, over, sub in (spec for specs in registry.runs_for(layout, seeds).values() for spec in specs):
+            out = study_root(params.get("results_dir", ""), profile=profile) / sub
+            out = out.relative_to(registry.ROOT) if out.is_relative_to(registry.ROOT) else out
+            if out not in runs:
+                runs[out] = (cfg_path, TrainConfig.load(registry.ROOT / cfg_path, {**over, "output_dir": str(out)}))
+    return runs
+
+
 def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[dict]]:
     """(every command, in order; one budget row per study)."""
     from dppo import studies as registry
     from dppo.launch import train_command
-    from dppo.results import study_root
 
     commands, rows = [], []
     for study in studies:
         params = study_params(study, profile)
         args = f" -f experiments/paper/{study}.yaml" if params else ""
         commands.append(f"papermill notebooks/{study}.ipynb experiments/results/notebooks/{study}.ipynb --cwd .{args}")
-        layouts = registry.study_layouts(study, **registry.layout_params(params))
-        seeds = params.get("seeds", registry.BY_NAME[study].seeds)
-        seen, hours, disk, peak = set(), 0.0, 0.0, 0.0
-        for layout in layouts.values():
-            for cfg_path, over, sub in (spec for specs in registry.runs_for(layout, seeds).values() for spec in specs):
-                out = study_root(params.get("results_dir", ""), profile=profile) / sub
-                out = out.relative_to(registry.ROOT) if out.is_relative_to(registry.ROOT) else out
-                if out in seen:  # runs shared between tables train once
-                    continue
-                seen.add(out)
-                cfg = TrainConfig.load(registry.ROOT / cfg_path, {**over, "output_dir": str(out)})
-                hours += run_gpu_hours(cfg)
-                kept, most = run_disk_bytes(cfg)
-                disk, peak = disk + kept, max(peak, disk + most)  # runs train one after another
-                if params.get("launch"):
-                    commands.append("  " + shlex.join(train_command(out / "launch.yaml", params["launch"], gpus)))
-                else:
-                    commands.append(f"  (in the notebook's process) dppo train --config {cfg_path} -> {out}")
-        rows.append({"study": study, "runs": len(seen), "gpu_hours": hours, "hours_on_gpus": hours / gpus,
-                     "disk_tb": disk / 1e12, "peak_tb": peak / 1e12,
+        runs = study_runs(study, profile)
+        hours, disk, peak = 0.0, 0.0, 0.0
+        for out, (cfg_path, cfg) in runs.items():
+            hours += run_gpu_hours(cfg)
+            kept, most = run_disk_bytes(cfg)
+            disk, peak = disk + kept, max(peak, disk + most)  # runs train one after another
+            if params.get("launch"):
+                commands.append("  " + shlex.join(train_command(out / "launch.yaml", params["launch"], gpus)))
+            else:
+                commands.append(f"  (in the notebook's process) dppo train --config {cfg_path} -> {out}")
+        rows.append({"study": study, "runs": len(runs), "gpu_hours": hours, "hours_on_gpus": hours / gpus,
+                     "disk_tb": disk / 1e12, "peak_tb": peak / 1e12, "configs": list(runs.values()),
                      "cpu_minutes": registry.BY_NAME[study].cpu_minutes})
     return commands, rows
+
+
+def memory_table(configs: list[tuple[str, TrainConfig]], gpus: int) -> list[str]:
+    """A markdown table of `dppo.memory_plan` per distinct (YAML, model, engine and micro-batch setting) of the runs:
+    the most sequences a rank's engine decodes at once and its max_num_seqs, its KV cache and the mean completion
+    length up to which it holds a budgeted rollout whole, and each phase's GB."""
+    from dppo import memory_plan as mp
+
+    lines = [f"# GPU plan per config ({gpus} processes; dppo.memory_plan states the assumptions)",
+             "| config | model | refill, packing | sequences a rank | max_num_seqs | KV tokens | mean length held | "
+             "awake GB | update GB | GPU GB |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    seen = set()
+    for cfg_path, cfg in configs:
+        if cfg.model_name_or_path.removeprefix("hf:") not in mp.QWEN3 or cfg.rollout_backend != "vllm":
+            continue
+        seqs, engine = mp.rollout_sequences_per_rank(cfg, gpus), mp.engine_max_num_seqs(cfg, gpus)
+        key = (Path(cfg_path).name, cfg.model_name_or_path, seqs, engine, mp.update_tokens(cfg),
+               cfg.vllm_gpu_memory_utilization)
+        if key in seen:
+            continue
+        seen.add(key)
+        m = mp.gpu_memory_plan(cfg, gpus)
+        lines.append(f"| {key[0]} | {cfg.model_name_or_path.removeprefix('hf:Qwen/')} | {cfg.refill}, {cfg.packing} | "
+                     f"{seqs} | {engine} | "
+                     f"{mp.vllm_kv_tokens(cfg, gpus):,} | {mp.preemption_free_length(cfg, gpus):,.0f} | "
+                     f"{m['awake'] / 1e9:.1f} | {m['update_phase'] / 1e9:.1f} | {m['gpu'] / 1e9:.0f} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(r["gpu_hours"] for r in rows)
     print(f"| **total** | {sum(r['runs'] for r in rows)} | {total:,.0f} | {total / args.gpus:,.1f} | {kept:,.2f} | "
           f"{max((sum(q['disk_tb'] for q in rows[:i]) + r['peak_tb'] for i, r in enumerate(rows)), default=0):,.2f} |")
-    print(f"\ndisk per run: final/ ({FINAL_BYTES_PER_PARAM} bytes per parameter) + keep_checkpoints x "
+    print("\n" + "\n".join(memory_table([c for r in rows for c in r["configs"]], args.gpus)))
+    print(f"\ndisk per run: final/ (4 bytes per parameter, 2 with save_dtype bfloat16) + keep_checkpoints x "
           f"{CHECKPOINT_BYTES_PER_PARAM} (fp32 weights and AdamW state) while it trains, one more while a new one is "
           f"written; kept after final/ only with keep_checkpoints_after_final. 'At most': the studies before it kept "
           f"plus this one's peak")

@@ -184,8 +184,10 @@ class TrainConfig:
     vllm_gpu_memory_utilization: float = _f(0.3, "vllm: share of GPU memory for vLLM's weights and KV cache (it "
                                             "sleeps during the update).")
     vllm_tensor_parallel_size: int = _f(1, "vllm: GPUs per engine.")
-    vllm_max_num_seqs: int = _f(256, "vllm: sequences decoded at once per engine; size it to the rollout a rank "
-                                "generates per step (prompts_per_step x group_size / processes), so no request waits.")
+    vllm_max_num_seqs: int = _f(256, "vllm: sequences decoded at once per engine; 0 = the most one rank decodes in "
+                                "one generate call of a training step (dppo.memory_plan.rollout_sequences_per_rank: "
+                                "ceil(prompts per call / processes) x group_size, the pruner's and refill's rollouts "
+                                "counted), so no request waits for a slot.")
     vllm_max_model_len: int = _f(0, "vllm: longest prompt + completion (0 = the longest prompt of the data + "
                                  "max_new_tokens).")
     rollout_is_correction: str = _f("none", "Train/inference mismatch correction: tis = truncated importance "
@@ -222,6 +224,9 @@ class TrainConfig:
                                             "samples them); false removes them then (the paper profile: a 4B "
                                             "checkpoint, fp32 weights + AdamW, is ~48 GB). A finished run is "
                                             "recognised by final/ and is not trained again either way.")
+    save_dtype: str = _f("float32", "dtype of final/'s weights: float32 (the master weights, 4 B a parameter) or "
+                         "bfloat16 (half the disk: 8 GB for a 4B model; what vLLM and evaluation load anyway). "
+                         "Checkpoints keep fp32 either way (a resume is exact).", choices=("float32", "bfloat16"))
     # ---- safeguards (docs/method.md §4.3)
     max_skipped_steps: int = _f(3, "A step whose loss or gradient is not finite skips its optimizer update "
                                 "(metric skipped_steps); this many consecutive skipped steps stop the run.")
@@ -248,10 +253,10 @@ class TrainConfig:
         for name in ("prompts_per_step", "max_new_tokens", "ppo_epochs", "num_minibatches", "micro_batch_size",
                      "rollout_batch_size", "eval_every", "eval_samples", "save_every", "keep_checkpoints",
                      "train_size", "eval_size", "dapo_max_rounds", "pack_capacity", "micro_batch_tokens",
-                     "vllm_tensor_parallel_size", "vllm_max_num_seqs", "max_skipped_steps", "process_group_timeout_s"):
+                     "vllm_tensor_parallel_size", "max_skipped_steps", "process_group_timeout_s"):
             _check(int(getattr(self, name)) >= 1, name, "an integer >= 1", getattr(self, name))
         for name in ("max_steps", "warmup_steps", "top_k", "refill_window", "rollout_token_budget",
-                     "vllm_max_model_len", "zero_variance_warn_steps"):
+                     "vllm_max_model_len", "vllm_max_num_seqs", "zero_variance_warn_steps"):
             _check(int(getattr(self, name)) >= 0, name, "an integer >= 0", getattr(self, name))
         _check(int(self.intra_op_threads) >= -1, "intra_op_threads", "an integer >= 0, or -1 (auto)", self.intra_op_threads)
         for name in ("lr", "temperature", "eval_temperature", "epochs"):

@@ -7,6 +7,8 @@ average over the splits (docs/method.md §4).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from dppo.data import Problem
@@ -19,27 +21,30 @@ def evaluate(engine: RolloutEngine, splits: dict[str, list[Problem]], k: int, te
              max_new_tokens: int, seed: int = 0, k_per_split: dict[str, int] | None = None,
              answer_check: str = "literal", answer_format: str = "boxed") -> dict[str, float]:
     """{split: avg@k, f'{split}/pass@{k}': pass@k, 'avg': mean of the splits' avg@k}, k = k_per_split.get(split, k).
-    Sampling uses a forked RNG seeded by `seed`, so evaluating never changes the training run's random stream.
-    Under data parallelism each rank samples its shard of every split and the scores are gathered."""
-    out: dict[str, float] = {}
-    avgs = []
+    Every split is sampled in one `generate` call (the engine batches them all): n = gcd of the splits' k, and a
+    problem whose split takes k samples is asked k / n times. Sampling uses a forked RNG seeded by `seed`, so
+    evaluating never changes the training run's random stream. Under data parallelism each rank samples its shard
+    of every split and the scores are gathered."""
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    ks = {name: (k_per_split or {}).get(name, k) for name in splits}
+    n = math.gcd(*ks.values()) if ks else 1
+    mine = {name: shard(problems, rank, world) for name, problems in splits.items()}
+    prompts = [p.prompt for name, problems in mine.items() for p in problems for _ in range(ks[name] // n)]
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
         torch.manual_seed(seed + 1_000_003 * rank)
-        for name, problems in splits.items():
-            n = (k_per_split or {}).get(name, k)
-            params = SamplingParams(n=n, temperature=temperature, max_new_tokens=max_new_tokens)
-            mine = shard(problems, rank, world)
-            texts = engine.generate([p.prompt for p in mine], params).texts if mine else []
-            scores = [[math_reward(texts[i * n + j], p.answer, answer_check, answer_format) for j in range(n)]
-                      for i, p in enumerate(mine)]
-            scores = torch.tensor(unshard(all_gather(scores)), dtype=torch.float32).view(len(problems), n)
-            out[name] = float(scores.mean())
-            out[f"{name}/pass@{n}"] = float((scores.max(dim=1).values > 0).float().mean())
-            avgs.append(out[name])
-    if avgs:  # a run without eval splits (a data file and no eval_datasets) evaluates nothing
-        out["avg"] = sum(avgs) / len(avgs)
+        params = SamplingParams(n=n, temperature=temperature, max_new_tokens=max_new_tokens)
+        texts = iter(engine.generate(prompts, params).texts if prompts else [])
+    scores = {name: [[math_reward(next(texts), p.answer, answer_check, answer_format) for _ in range(ks[name])]
+                     for p in problems] for name, problems in mine.items()}
+    parts = all_gather(scores)
+    out: dict[str, float] = {}
+    for name, problems in splits.items():
+        split = torch.tensor(unshard([part[name] for part in parts]), dtype=torch.float32).view(len(problems), ks[name])
+        out[name] = float(split.mean())
+        out[f"{name}/pass@{ks[name]}"] = float((split.max(dim=1).values > 0).float().mean())
+    if splits:  # a run without eval splits (a data file and no eval_datasets) evaluates nothing
+        out["avg"] = sum(out[name] for name in splits) / len(splits)
     return out
 
 

@@ -288,6 +288,7 @@ def engine_from_config(cfg, model, tokenizer, prompts: list[str]) -> RolloutEngi
     """The engine for a TrainConfig-like `cfg` (its rollout_* / vllm_* fields), for `model` and the `prompts`
     it will see (vLLM's max_model_len: the longest prompt + max_new_tokens unless set)."""
     from dppo.config import COMPUTE_DTYPES
+    from dppo.memory_plan import engine_max_num_seqs
     from dppo.model import resolve_model_path
 
     autocast = COMPUTE_DTYPES[cfg.dtype]
@@ -298,4 +299,5 @@ def engine_from_config(cfg, model, tokenizer, prompts: list[str]) -> RolloutEngi
         "vllm", model, tokenizer, cfg.rollout_batch_size, model_path=resolve_model_path(cfg.model_name_or_path),
         dtype=cfg.dtype, max_model_len=cfg.vllm_max_model_len or longest + cfg.max_new_tokens,
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, tensor_parallel_size=cfg.vllm_tensor_parallel_size,
-        max_num_seqs=cfg.vllm_max_num_seqs, seed=cfg.seed)
+        max_num_seqs=engine_max_num_seqs(cfg, torch.distributed.get_world_size() if torch.distributed.is_initialized()
+                                         else 1), seed=cfg.seed)

@@ -26,7 +26,7 @@ from dppo.config import ConfigError
 # changes the run (model, data, algorithm, pruning, batch shape, optimiser, sampling, seed) and must match.
 RESUMABLE_CHANGES = ("output_dir", "resume", "eval_every", "eval_samples", "eval_samples_per_split",
                      "eval_temperature", "eval_before_train", "save_every", "keep_checkpoints", "keep_checkpoints_after_final",
-                     "max_steps",
+                     "save_dtype", "max_steps",
                      "rollout_batch_size", "micro_batch_size", "micro_batch_tokens", "gradient_checkpointing",
                      "vllm_gpu_memory_utilization", "vllm_max_num_seqs", "max_skipped_steps", "zero_variance_warn_steps",
                      "process_group_timeout_s")

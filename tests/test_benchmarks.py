@@ -38,19 +38,28 @@ def test_real_schema_loads_and_scores(name):
 
 def test_avg_and_pass_at_k_per_split_with_its_own_k():
     """avg@k = mean reward over the k samples of every problem; pass@k = share of problems with a correct sample;
-    a split can take its own k (AIME / AMC need more samples)."""
+    a split can take its own k (AIME / AMC need more samples); every split in one generate call."""
     from dppo.data import Problem
     from dppo.evaluation import evaluate
     from dppo.rollout import RolloutBatch
 
-    class Scripted:  # problem i's samples: the first i+1... are right, the rest wrong (deterministic)
+    class Scripted:  # prompt "i": its first i samples (counted over the call) are right, the rest wrong
+        calls = []
+
         def generate(self, prompts, params):
-            texts = [f"\\boxed{{{int(p) if j < int(p) else -1}}}" for p in prompts for j in range(params.n)]
+            self.calls.append((list(prompts), params.n))
+            seen, texts = {}, []
+            for p in prompts:
+                for _ in range(params.n):
+                    j = seen[p] = seen.get(p, -1) + 1
+                    texts.append(f"\\boxed{{{int(p) if j < int(p) else -1}}}")
             return RolloutBatch([[0]] * len(texts), [[1]] * len(texts), [None] * len(texts), texts, [False] * len(texts))
 
     splits = {"easy": [Problem(prompt="2", answer="2"), Problem(prompt="0", answer="0")],
               "aime": [Problem(prompt="1", answer="1"), Problem(prompt="0", answer="0")]}
-    acc = evaluate(Scripted(), splits, k=4, temperature=1.0, max_new_tokens=8, k_per_split={"aime": 8})
+    engine = Scripted()
+    acc = evaluate(engine, splits, k=4, temperature=1.0, max_new_tokens=8, k_per_split={"aime": 8})
+    assert engine.calls == [(["2", "0", "1", "1", "0", "0"], 4)]  # one call: n = gcd(4, 8), AIME's problems twice
     assert acc["easy"] == pytest.approx(2 / 8) and acc["easy/pass@4"] == pytest.approx(0.5)
     assert acc["aime"] == pytest.approx(1 / 16) and acc["aime/pass@8"] == pytest.approx(0.5)
     assert acc["avg"] == pytest.approx((2 / 8 + 1 / 16) / 2)

@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist_worker.py"
 
 
-def _torchrun(n: int, *args: str, timeout: int = 600) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+def _torchrun(n: int, *args: str, timeout: int = 600, env: dict[str, str] | None = None) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), *args]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -158,3 +158,103 @@ def test_fsdp_sharded_scoring_gradients_and_weight_gather(tmp_path, embedded):
         assert grad_diff <= 1e-4, (rank, grad_diff)  # relative (a wrong W or averaging would be off by 0.5 or more)
         assert weight_diff == 0.0 and ref_diff == 0.0, (rank, weight_diff, ref_diff)
         assert frozen_diff <= 1e-5, (rank, frozen_diff)  # the sharded reference scores as the whole model
+
+
+FSDP_YAML = ROOT / "experiments" / "accelerate" / "fsdp.yaml"
+
+
+def _launch_env(config_file: Path) -> dict[str, str]:
+    """The ACCELERATE_* / FSDP_* environment `accelerate launch --config_file <config_file>` gives each rank, by
+    accelerate's own parsing (its launcher's checks included)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(config_file), "--num_processes", "8",
+                                               "--main_process_port", "0", "train.py"])
+    _validate_launch_command(args)
+    return {k: v for k, v in prepare_multi_gpu_env(args).items() if k.startswith(("ACCELERATE_", "FSDP_"))}
+
+
+def _fsdp_prepare(tmp_path: Path, config_file: Path, dtype: str, *flags: str) -> list[dict]:
+    _torchrun(2, str(WORKER), "fsdp_prepare", str(tmp_path), dtype, *flags, env=_launch_env(config_file))
+    ranks = yaml.safe_load((tmp_path / "fsdp_prepare.yaml").read_text())["ranks"]
+    assert len(ranks) == 2
+    for r in ranks:
+        print({k: r[k] for k in ("rank", "grad_cos", "grad_ratio", "update_cos", "update_ratio", "update_norm")})
+    return ranks
+
+
+def _assert_bf16_gathers_fp32_masters_and_the_unsharded_step(r: dict) -> None:
+    seen, rank = r["seen"], r["rank"]
+    # the parameters a forward sees (a decoder layer's projection, the root unit's embedding) and the KL reference's
+    # are the bf16 all-gathered copies; the collectives themselves carry bf16 out and fp32 gradients back
+    for key in ("gate_proj", "embed", "frozen_gate_proj", "all_gather"):
+        assert seen[key] == ["torch.bfloat16"], (rank, key, seen[key])
+    assert seen["reduce_scatter"] == ["torch.float32"], (rank, seen["reduce_scatter"])
+    # the shards the optimizer steps, their gradients and AdamW's moments stay fp32
+    assert r["local"] == {"param": ["torch.float32"], "grad": ["torch.float32"], "adam": ["torch.float32"]}, r["local"]
+    # the update follows the unsharded fp32-master + bf16-autocast update of the same batch, within the bounds
+    # test_mixed_precision.py allows bf16 against fp32 (cosine > 0.95, norm within 0.8-1.25): bf16-gathered norms and
+    # embeddings are the only rounding added (measured: gradient cosine 0.99999, AdamW update cosine 0.994 — Adam's
+    # first step is lr sign(g), so elements whose gradient is ~0 flip with rounding)
+    assert r["grad_cos"] > 0.95 and 0.8 < r["grad_ratio"] < 1.25, (rank, r["grad_cos"], r["grad_ratio"])
+    assert r["update_cos"] > 0.95 and 0.8 < r["update_ratio"] < 1.25, (rank, r["update_cos"], r["update_ratio"])
+    assert r["update_norm"] > 1e-3  # the step moved the weights
+    assert r["kl_zero"], rank  # the KL reference (shard_frozen, the same policy) scores exactly as the policy
+    # rollout engines receive the fp32 master weights, not their bf16 copies
+    assert r["push"] == {"dtypes": ["torch.float32"], "equals_masters": True, "finer_than_bf16": True}, r["push"]
+    assert r["tied"], rank  # the tied head is still the embedding
+
+
+def test_fsdp_gathers_bf16_keeps_fp32_masters_and_follows_the_unsharded_fp32_master_step(tmp_path, embedded):
+    """dtype bfloat16 under the shipped FSDP config, through accelerate's own FSDP2 prepare (dppo's mixed precision
+    policy set by `configure_fsdp`): all-gathers in bf16 for compute, fp32 master weights, gradients and AdamW state,
+    gradients reduce-scattered in fp32, one update that follows the unsharded fp32-master + autocast one; with
+    activation checkpointing on, as in the paper profile (the recompute gathers and casts as the forward did).
+    fsdp_cpu_ram_efficient_loading (shipped on): the other rank builds the policy and the KL reference without
+    reading the checkpoint (`load_policy_for`: uninitialised CPU storage, one per parameter, the head tied), and
+    after prepare / `shard_frozen` every rank holds rank 0's weights exactly."""
+    assert _launch_env(FSDP_YAML)["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true"
+    ranks = _fsdp_prepare(tmp_path, FSDP_YAML, "bfloat16", "checkpointing")
+    for r in ranks:
+        before = r["before_prepare"]
+        assert before["loads_weights"] == (r["rank"] == 0), r
+        assert not before["meta"] and before["distinct_storages"] and before["tied"], r
+        assert r["layer_forwards_in_update"] == 2, r["rank"]  # checkpointing's recompute ran (and saw bf16)
+        assert r["load_diff"] == 0.0, r["rank"]  # rank 1's weights are rank 0's, exactly
+        _assert_bf16_gathers_fp32_masters_and_the_unsharded_step(r)
+
+
+def test_the_shipped_fsdp_config_reaches_accelerates_plugin_and_dppos_policy(monkeypatch):
+    """What `accelerate launch --config_file experiments/accelerate/fsdp.yaml` gives the ranks builds the FSDP2
+    plugin the trainer prepares with, and `configure_fsdp` sets dppo's mixed precision policy on it (accelerate's
+    config has no key for one; its `mixed_precision` stays "no": dppo autocasts). fsdp_cpu_ram_efficient_loading
+    needs `TokenLogprobs.tie_weights` (accelerate re-ties through it: without, a tied head would train apart from its
+    embedding)."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from dppo.distributed import configure_fsdp, fsdp_mixed_precision, loads_weights
+    from dppo.scoring import TokenLogprobs
+
+    env = _launch_env(FSDP_YAML)
+    shipped = yaml.safe_load(FSDP_YAML.read_text())
+    efficient = shipped["fsdp_config"]["fsdp_cpu_ram_efficient_loading"]
+    assert env["ACCELERATE_MIXED_PRECISION"] == "no" and env["ACCELERATE_USE_FSDP"] == "true"
+    assert env["FSDP_SYNC_MODULE_STATES"] == "true"  # the launcher refuses efficient loading without it
+    assert hasattr(TokenLogprobs, "tie_weights"), "efficient loading would untie a tied head"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    plugin = FullyShardedDataParallelPlugin()  # as Accelerator() builds it from the launch environment
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+    assert plugin.cpu_ram_efficient_loading == efficient and plugin.mixed_precision_policy is None
+    accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), mixed_precision="no",
+                                  is_main_process=False)
+    assert configure_fsdp(accelerator, "bfloat16") == MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32, cast_forward_inputs=False)
+    assert plugin.mixed_precision_policy == fsdp_mixed_precision("bfloat16")
+    assert configure_fsdp(accelerator, "float32") == MixedPrecisionPolicy()  # fp32 gathers, as without a policy
+    assert configure_fsdp(SimpleNamespace(state=SimpleNamespace()), "bfloat16") is None  # not FSDP: nothing to set
+    assert efficient and not loads_weights(accelerator)  # rank 1 of the shipped config: rank 0 reads the weights

@@ -52,3 +52,45 @@ def test_environment_yml_pip_part_resolves_in_a_fresh_virtualenv(request, tmp_pa
     assert proc.returncode == 0, out[-3000:]
     names = {i["metadata"]["name"].lower() for i in json.loads((workdir / "r.json").read_text())["install"]}
     assert {"dppo", "torch", "vllm", "datasets", "accelerate", "transformers", "pytest"} <= names, names
+
+
+def _fake_venv(tmp_path: Path, driver: str = "") -> tuple[Path, Path, dict]:
+    """A venv whose python logs each call and whose pip fails on the second install with a resolver error; a fake
+    nvidia-smi reporting `driver` (none when empty)."""
+    venv, log, bin_dir = tmp_path / "venv", tmp_path / "calls.log", tmp_path / "bin"
+    (venv / "bin").mkdir(parents=True)
+    bin_dir.mkdir()
+    (venv / "bin" / "python").write_text(
+        "#!/usr/bin/env bash\n"
+        f"echo \"$*\" >> {shlex.quote(str(log))}\n"
+        f"if [ \"$1 $2\" = '-m pip' ] && [ $(grep -c -- '-m pip' {shlex.quote(str(log))}) -ge 2 ]; then\n"
+        "  echo 'ERROR: ResolutionImpossible: vllm 0.31.0 depends on torch==2.13.0' >&2; exit 1\nfi\nexit 0\n")
+    (venv / "bin" / "python").chmod(0o755)
+    if driver:
+        (bin_dir / "nvidia-smi").write_text(f"#!/usr/bin/env bash\necho {driver}\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "DPPO_VENV": str(venv), "DPPO_GPU_VENV": str(venv), "HOME": str(tmp_path)}
+    return venv, log, env
+
+
+def test_bootstrap_stops_at_the_first_failed_pip_call_with_pips_error(tmp_path):
+    """A resolver conflict (or a failed flash-attn build) ends scripts/bootstrap.sh at that pip call, pip's own error
+    on screen — not as a line "not importable" after every later install ran (the old `pip ... || true`)."""
+    root = Path(__file__).resolve().parents[1]
+    _, log, env = _fake_venv(tmp_path)
+    done = subprocess.run(["bash", str(root / "scripts/bootstrap.sh")], capture_output=True, text=True, env=env)
+    assert done.returncode != 0
+    assert "ResolutionImpossible" in done.stderr and "failed: pip install" in done.stderr, done.stderr
+    calls = log.read_text().splitlines()
+    assert sum(c.startswith("-m pip") for c in calls) == 2, calls  # pip upgrade, then the failing one: nothing after
+
+
+def test_bootstrap_gpu_refuses_a_driver_too_old_for_the_pinned_torch(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    _, log, env = _fake_venv(tmp_path, driver="570.86.15")
+    done = subprocess.run(["bash", str(root / "scripts/bootstrap.sh"), "gpu"], capture_output=True, text=True, env=env)
+    assert done.returncode != 0 and "570.86.15 is older than 580" in done.stderr, done.stderr
+    assert not any(c.startswith("-m pip install") and "vllm" in c for c in log.read_text().splitlines())
+    _, _, env = _fake_venv(tmp_path / "none")
+    done = subprocess.run(["bash", str(root / "scripts/bootstrap.sh"), "gpu"], capture_output=True, text=True, env=env)
+    assert done.returncode != 0 and "no NVIDIA GPU" in done.stderr, done.stderr

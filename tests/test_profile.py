@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dppo import budget, results, studies
+from dppo import budget, studies
 from dppo.config import ALGORITHMS, ConfigError, TrainConfig
 from dppo.launch import check_launch, train_command
 
@@ -27,14 +27,7 @@ def dry_run() -> str:
 
 
 def _paper_runs(study: str) -> dict[str, TrainConfig]:
-    params = budget.study_params(study, "paper")
-    runs = {}
-    seeds = params.get("seeds", studies.BY_NAME[study].seeds)
-    for layout in studies.study_layouts(study, **studies.layout_params(params)).values():
-        for cfg, over, sub in (spec for specs in studies.runs_for(layout, seeds).values() for spec in specs):
-            out = (results.study_root(params.get("results_dir", ""), profile="paper") / sub).relative_to(ROOT)
-            runs[str(out)] = TrainConfig.load(cfg, {**over, "output_dir": str(out)})
-    return runs
+    return {str(out): cfg for out, (_, cfg) in budget.study_runs(study, "paper").items()}
 
 
 def test_dry_run_prints_a_launch_per_run_and_a_budget_per_study(dry_run):
@@ -54,6 +47,7 @@ def test_dry_run_prints_a_launch_per_run_and_a_budget_per_study(dry_run):
         want = sum(budget.model_params(c.model_name_or_path.removeprefix("hf:")) * 4 for c in runs.values()) / 1e12
         assert float(disk_tb) == pytest.approx(want, abs=0.006), (study, disk_tb, want)
     assert "| **total** |" in dry_run
+    assert "# GPU plan per config (8 processes" in dry_run  # dppo.memory_plan per paper config (tests/test_memory_plan.py)
 
 
 def test_paper_runs_keep_no_checkpoint_after_final_short_studies_are_short_and_folders_do_not_collide():
@@ -110,6 +104,39 @@ def test_budget_scales_with_model_size_pruning_and_epochs():
         pytest.approx(hours * 8 / 4, rel=1e-9)
     assert budget.run_gpu_hours(TrainConfig.load(ROOT / "experiments/paper/dppo_qwen3_4b_math.yaml")) < hours
     assert budget.run_gpu_hours(TrainConfig.from_dict({**base.to_dict(), "epochs": 3})) < hours / 4
+
+
+def test_budget_counts_the_recomputed_forward_of_gradient_checkpointing():
+    """Every paper run checkpoints activations: its update is 8 N FLOPs a trained token and pass (forward, backward
+    of twice its cost, the forward recomputed), not 6 N. Hand count: switching checkpointing off removes one 2 N
+    forward per trained token and inner epoch, nothing else."""
+    base = TrainConfig.load(ROOT / "experiments/paper/grpo_qwen3_4b_math.yaml")
+    assert base.gradient_checkpointing
+    off = TrainConfig.from_dict({**base.to_dict(), "gradient_checkpointing": False})
+    n = budget.model_params(base.model_name_or_path.removeprefix("hf:"))
+    trained_tokens = (budget.dataset_size(base.dataset) * base.epochs * base.group_size
+                      * (budget.PROMPT_TOKENS + base.max_new_tokens / 2))  # GRPO prunes nothing
+    recompute_s = 2 * n * base.ppo_epochs * trained_tokens / (budget.PEAK_FLOPS * budget.TRAIN_MFU)
+    assert budget.run_gpu_hours(base) - budget.run_gpu_hours(off) == pytest.approx(recompute_s / 3600, rel=1e-9)
+    # the passes of the update alone, by cost's own multiplier: 8/6 of the same run without checkpointing
+    on_policy = TrainConfig.from_dict({**base.to_dict(), "num_minibatches": 1})
+    off_on_policy = TrainConfig.from_dict({**on_policy.to_dict(), "gradient_checkpointing": False})
+    assert budget.update_flops_per_token(on_policy, n) == pytest.approx(
+        budget.update_flops_per_token(off_on_policy, n) * 8 / 6, rel=1e-12)
+
+
+def test_final_disk_follows_the_saved_dtype():
+    """final/ holds 4 bytes a parameter in float32 (the default) and 2 in bfloat16; checkpoints stay 12."""
+    cfg = TrainConfig.load(ROOT / "experiments/paper/dppo_qwen3_4b_math.yaml")
+    n = budget.model_params(cfg.model_name_or_path.removeprefix("hf:"))
+    kept32, most32 = budget.run_disk_bytes(cfg)
+    cfg.save_dtype = "bfloat16"  # the config field the saved dtype comes from (float32 when the config has none)
+    kept16, most16 = budget.run_disk_bytes(cfg)
+    assert kept32 - kept16 == pytest.approx(2 * n) and most32 - most16 == pytest.approx(2 * n)
+    assert kept16 == pytest.approx(2 * n)  # the paper runs keep final/ alone
+    cfg.save_dtype = "float16"
+    with pytest.raises(ValueError, match="save_dtype"):
+        budget.run_disk_bytes(cfg)
 
 
 def test_launch_command_and_bad_launch_settings():
