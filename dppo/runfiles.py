@@ -139,13 +139,33 @@ def json_line(record: dict) -> str:
     return json.dumps(_finite(record), allow_nan=False)
 
 
+def append_line(path: Path, line: str) -> None:
+    """Append `line` and a newline to `path` (created if missing) in one write(2) of the whole line on an O_APPEND
+    descriptor, then fsync: a reader of a live run never sees half a line, and the line is on disk before the step
+    goes on. A kill in the middle of the write can still cut a long line (Linux stops a write at a page boundary on
+    SIGKILL); the readers drop a cut last line (`read_jsonl_prefix`, `trainer.read_metrics`)."""
+    data = (line + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        done = os.write(fd, data)
+        while done < len(data):  # a short write (a signal, a full disk): the rest, still appended
+            done += os.write(fd, data[done:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def read_jsonl_prefix(path: Path) -> list[str]:
-    """The lines of a metrics file up to the first that is not a complete JSON object (a line cut by a kill)."""
-    lines = []
-    for ln in path.read_text(errors="replace").splitlines():
+    """The lines of a metrics file up to the first that is not a complete JSON object (a line cut by a kill), with a
+    warning when it drops any."""
+    lines, text = [], path.read_text(errors="replace").splitlines()
+    for ln in text:
         try:
             json.loads(ln)
         except ValueError:
+            warnings.warn(f"{str(path)!r}: dropped {len(text) - len(lines)} line(s) from line {len(lines) + 1} on, the "
+                          f"first of them not a complete JSON object (cut by a kill while it was written)",
+                          RunWarning, stacklevel=2)
             break
         lines.append(ln)
     return lines

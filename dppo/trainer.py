@@ -49,8 +49,8 @@ from dppo.packing import group_segments, pack_rows, packed_completion_logprobs, 
 from dppo.pruning import NEEDS_LOGPROBS, build_pruner, logit_grad_sizes, prune_step
 from dppo.reward import math_reward
 from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config, gather_rollouts
-from dppo.runfiles import (RunError, RunWarning, acquire_lock, check_output_dir, checkpoint_state, config_changes,
-                           json_line, read_jsonl_prefix, release_lock, write_atomic)
+from dppo.runfiles import (RunError, RunWarning, acquire_lock, append_line, check_output_dir, checkpoint_state,
+                           config_changes, json_line, read_jsonl_prefix, release_lock, write_atomic)
 from dppo.scoring import TokenLogprobs, completion_logprobs, pad_completions
 
 
@@ -602,9 +602,8 @@ class Trainer:
         return acc
 
     def _log(self, record: dict) -> None:
-        if self.is_main:
-            with self.metrics_path.open("a") as f:
-                f.write(json_line(record) + "\n")
+        if self.is_main:  # one write(2) of the whole line, fsynced (runfiles.append_line)
+            append_line(self.metrics_path, json_line(record))
 
     def watch(self, record: dict) -> None:
         """Safeguards after a logged step (docs/method.md §4.3): stop after `max_skipped_steps` consecutive steps
@@ -840,7 +839,23 @@ def data_fingerprint(problems: list[Problem]) -> str:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
+    """The records of a metrics.jsonl. A last line cut short (no newline, not JSON: a run killed while it appended
+    the line) is dropped with a warning, as a resumed run drops it; any other unreadable line is an error."""
+    text = Path(path).read_text(errors="replace")
+    lines = text.splitlines()
+    records = []
+    for i, ln in enumerate(lines):
+        if not ln.strip():
+            continue
+        try:
+            records.append(json.loads(ln))
+        except ValueError as e:
+            if i == len(lines) - 1 and not text.endswith("\n"):
+                warnings.warn(f"{str(path)!r}: dropped its last line, cut short after {len(ln)} characters (a run "
+                              f"killed while writing it; resuming the run drops it too)", RunWarning, stacklevel=2)
+                break
+            raise ValueError(f"{str(path)!r} line {i + 1} is not a JSON object ({e})") from None
+    return records
 
 
 # Metrics of the machine, not of the run: two runs of one config and seed differ in these and agree on every other.

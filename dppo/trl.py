@@ -21,13 +21,14 @@ With rates > 0 the two stages of docs/method.md §2.3 run where they save work i
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import math
 import os
 import warnings
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 import trl
@@ -354,6 +355,7 @@ class DPPOTrainer(GRPOTrainer):
         self._generation: _Generation | None = None
         self._trained = (0, 0, 0)  # (pass, position, batch number) where the next untrained batch starts
         self._generation_start = (0, 0, 0)  # ... and where the last generated batch started
+        self._before_generation = ({}, self.pruner.state_dict())  # its prompts' records and the pruner before it
 
     # ---- data: the prompt stage lives in the sampler
     def _set_signature_columns_if_needed(self):
@@ -550,6 +552,8 @@ class DPPOTrainer(GRPOTrainer):
         if indices.view(-1, G)[:, 0].tolist() != comp.rolled:
             raise RuntimeError("DPPOTrainer: the generation batch's groups are not the sampler's prompts in order")
         adv, rewards = trl_adv.double().cpu().view(-1, G), gen.rewards
+        self._before_generation = ({k: copy.copy(self.prompt_history.get(k)) for k in comp.rolled},
+                                   self.pruner.state_dict())
         for j, key in enumerate(comp.rolled):
             self.prompt_history.update(key, rewards[j].tolist(), adv[j].abs().tolist(), gen.lengths[j].tolist(),
                                        step=comp.batch_no)
@@ -630,10 +634,17 @@ class DPPOTrainer(GRPOTrainer):
             generate_every = self.args.steps_per_generation * self.num_iterations
             done = self._step % generate_every == 0  # the last generation batch fully trained on
             position = self._trained if done else self._generation_start
+            history, pruner_state = self.prompt_history.state_dict(), self.pruner.state_dict()
+            if not done:  # the resumed run generates the batch in progress again: the state it was composed from
+                records, pruner_state = self._before_generation
+                for key, rec in records.items():
+                    if rec is None:
+                        history.pop(str(key), None)
+                    else:
+                        history[str(key)] = asdict(rec)
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, STATE_FILE), "w") as f:
-                json.dump({"history": self.prompt_history.state_dict(), "pruner": self.pruner.state_dict(),
-                           "position": list(position)}, f)
+                json.dump({"history": history, "pruner": pruner_state, "position": list(position)}, f)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):

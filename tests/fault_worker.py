@@ -1,10 +1,14 @@
 """A training run that kills itself with SIGKILL at a chosen point (run by tests/test_faults.py).
 
-    python tests/fault_worker.py OUT POINT        POINT: none | checkpoint:N | update:N | final
+    python tests/fault_worker.py OUT POINT [CONFIG.yaml]
+        POINT: none | checkpoint:N | update:N | step:N | final, each optionally rankR:POINT
 
 checkpoint:N  inside the step-N checkpoint write: accelerate's files written, trainer state and rename not yet
 update:N      inside step N's update: after the first backward, before the optimizer step
+step:N        after step N, once its checkpoint is written (every rank has left the checkpoint's last barrier)
 final         inside the final model's write, after every checkpoint
+rankR:POINT   under torchrun: only rank R dies there; the other ranks run on until torchrun ends them
+CONFIG.yaml   the run's config (output_dir set to OUT) instead of `CONFIG`
 """
 
 from __future__ import annotations
@@ -25,8 +29,13 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main(out: str, point: str) -> None:
-    trainer = Trainer(TrainConfig(output_dir=out, **CONFIG))
+def main(out: str, point: str, config: str | None = None) -> None:
+    cfg = TrainConfig.load(config, {"output_dir": out}) if config else TrainConfig(output_dir=out, **CONFIG)
+    trainer = Trainer(cfg)
+    if point.startswith("rank"):
+        rank, _, point = point.partition(":")
+        if trainer.rank != int(rank[len("rank"):]):
+            point = "none"
     kind, _, n = point.partition(":")
     acc = trainer.accelerator
     if kind == "checkpoint":
@@ -45,6 +54,14 @@ def main(out: str, point: str) -> None:
             if trainer.step == int(n) - 1:  # trainer.step counts finished steps
                 die()
         acc.backward = backward
+    elif kind == "step":
+        real_checkpoint = trainer.save_checkpoint
+
+        def save_checkpoint():
+            real_checkpoint()
+            if trainer.step == int(n):
+                die()
+        trainer.save_checkpoint = save_checkpoint
     elif kind == "final":
         real_save = trainer.policy.save_pretrained
 
@@ -56,4 +73,4 @@ def main(out: str, point: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

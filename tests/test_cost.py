@@ -31,6 +31,40 @@ def test_model_shape_and_forward_flops(embedded):
     assert shape.generation([3, 3], [2, 4]) == shape.forward(5 + 7, 15 + 28, 6)
 
 
+def test_flops_against_a_hand_count_term_by_term():
+    """Every FLOPs figure (dppo.cost, and what the trainer records as flops/*) against a count written out by hand
+    from the cost model (docs/method.md §5.1, dppo/cost.py): per token slot 2 N_body, per attended (query, key) pair
+    2 x 2 x layers x q_dim (scores and weighted values), per token whose logits are computed 2 x V x H; an update is
+    3 forwards (4 with gradient checkpointing). Ordering checks would pass with a term dropped; these would not."""
+    from types import SimpleNamespace
+
+    from dppo.cost import training_multiplier
+
+    shape = ModelShape(body_params=1000, layers=3, q_dim=8, vocab=50, hidden=4)
+    SLOT, PAIR, LOGIT = 2 * 1000, 2 * 2 * 3 * 8, 2 * 50 * 4  # 2000, 96, 400
+    assert shape.forward(10, 7, 3) == 10 * SLOT + 7 * PAIR + 3 * LOGIT == 21_872
+
+    # two groups of G = 2 rows: prompt 3 with completions of 2 and 4 tokens, prompt 5 with completions of 1 and 3
+    prompts, completions = [3, 3, 5, 5], [2, 4, 1, 3]
+    # prompt pairs (causal, within the prompt): 3 -> 1+2+3 = 6, 5 -> 15
+    # completion pairs (each token attends to the prompt and the completion so far):
+    #   (3, 2): 4+5 = 9   (3, 4): 4+5+6+7 = 22   (5, 1): 6   (5, 3): 6+7+8 = 21   -> 58
+    # shared (vLLM's prefix cache, sample_compacting): each prompt once -> 8 + 10 slots, 21 + 58 pairs, 10 logit rows
+    assert shape.generation(prompts, completions, group_size=2) == 18 * SLOT + 79 * PAIR + 10 * LOGIT == 47_584
+    # every row its own prompt: 16 + 10 slots, 42 + 58 pairs, the same 10 logit rows
+    assert shape.generation(prompts, completions) == 26 * SLOT + 100 * PAIR + 10 * LOGIT == 65_600
+
+    # the trainer's scoring forwards (update, old and reference log-probs), on the layouts' token slots
+    trainer = SimpleNamespace(shape=shape)
+    # shared prompts: (prompt, its group's completions) in a 20-slot bin; pairs as the shared generation's
+    assert Trainer.forward_flops(trainer, [(3, [2, 4]), (5, [1, 3])], 20) == 20 * SLOT + 79 * PAIR + 10 * LOGIT == 51_584
+    # one row per sequence, padded to 8: 4 x 8 slots; pairs (p + c)(p + c + 1)/2: 15 + 28 + 21 + 36 = 100
+    assert Trainer.forward_flops(trainer, [(3, [2]), (3, [4]), (5, [1]), (5, [3])], 32) \
+        == 32 * SLOT + 100 * PAIR + 10 * LOGIT == 77_600
+    # the update: forward + backward (2 forwards), + the recomputed forward under gradient checkpointing
+    assert training_multiplier(False) == 3.0 and training_multiplier(True) == 4.0
+
+
 def test_each_step_records_cpu_time_and_flops_and_shared_prompts_cost_less(tmp_path, embedded):
     records = {}
     for packing in ("none", "dense", "shared"):
@@ -41,7 +75,30 @@ def test_each_step_records_cpu_time_and_flops_and_shared_prompts_cost_less(tmp_p
         FixedRollout.install(tr)
         generated, real_generate = [], tr.engine.generate
         tr.engine.generate = lambda prompts, params: (generated.append(real_generate(prompts, params)), generated[-1])[1]
+        micro, real_loss = [], tr.micro_batch_loss
+
+        def watch_micro_batch(mp, mc, idx, *args):
+            loss, n_slots, sums = real_loss(mp, mc, idx, *args)
+            micro.append((mp, mc, [tr.groups[i] for i in idx], n_slots))
+            return loss, n_slots, sums
+        tr.micro_batch_loss = watch_micro_batch
         records[packing] = r = tr.train_step()
+        # the update's FLOPs by hand: 3 forwards over each micro-batch's token slots (the layout's), the causal pairs of
+        # each prompt computation (once per row; once per group with shared prompts) and of each completion over its
+        # prompt and itself, and a logit row per completion token
+        shape, update = ModelShape.of(tr.policy), 0.0
+        for mp, mc, groups, n_slots in micro:
+            seen, pairs = set(), 0
+            for p, c, g in zip(mp, mc, groups):
+                key = g if packing == "shared" else len(seen)
+                if key not in seen:
+                    seen.add(key)
+                    pairs += len(p) * (len(p) + 1) // 2
+                pairs += len(c) * len(p) + len(c) * (len(c) + 1) // 2
+            update += 3 * (2 * shape.body_params * n_slots + 4 * shape.layers * shape.q_dim * pairs
+                           + 2 * shape.vocab * shape.hidden * sum(len(c) for c in mc))
+        assert micro
+        assert r["flops/update"] == update, (packing, r["flops/update"], update)
         assert r["cpu_s/step"] > 0 and r["cpu_s/rollout"] > 0 and r["cpu_s/update"] > 0
         # the rollout costs every generated row (pruned completions too, each group's prompt once); on-policy without
         # KL the old and reference passes never run

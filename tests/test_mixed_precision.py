@@ -122,13 +122,48 @@ def test_the_reference_scores_like_the_policy_so_the_kl_is_zero_before_the_first
     assert stats["kl"] == 0.0, stats["kl"]
 
 
-def test_bf16_computes_in_bf16_and_keeps_fp32_weights_gradients_and_adam_state(tmp_path, embedded):
+class _HeadMatmuls:
+    """Records, at the aten level (after autocast has cast the operands, whatever Python op issued it: @, mm,
+    F.linear), the operand dtypes of every matrix product with the vocabulary projection's [V, H] shape among its
+    operands or result: the logits chunk (hidden @ W^T), its recomputation in the backward pass, and the two gradient
+    products (dlogits @ W, dlogits^T @ hidden). Shapes, not identities: autocast's bf16 copy of W is a new tensor."""
+
+    PRODUCTS = ("mm", "addmm", "bmm", "matmul", "linear")
+
+    def __init__(self, vocab: int, hidden: int):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        head = {(vocab, hidden), (hidden, vocab)}
+        seen = self.seen = []
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if func.overloadpacket.__name__ in _HeadMatmuls.PRODUCTS:
+                    ins = [a for a in args if isinstance(a, torch.Tensor)]
+                    if head & {tuple(t.shape) for t in (*ins, out)}:
+                        seen.append(([a.dtype for a in ins], tuple(out.shape)))
+                return out
+        self.mode = Mode()
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
+def test_bf16_computes_the_decoder_and_the_vocabulary_head_in_bf16_and_keeps_fp32_weights_gradients_and_adam_state(
+        tmp_path, embedded):
     """`dtype: bfloat16` really on: a decoder layer's projections compute in bf16 in the update (forward with
     gradients) and in the no-grad passes (old policy, reference) — the residual stream between them stays fp32 under
-    autocast, as it should —, while the master weights, the gradients the optimizer steps with and
-    AdamW's moments stay fp32; with `dtype: float32` the same projection computes in fp32 (the control: a config whose
-    dtype were ignored would fail the first assertion)."""
+    autocast, as it should —, and so does the vocabulary head (the largest matmul at V = 151,936: the logits chunk,
+    its recomputation in the backward, both gradient products; only the log-softmax over a chunk is fp32), while the
+    master weights, the gradients the optimizer steps with and AdamW's moments stay fp32; with `dtype: float32` the
+    same products compute in fp32 (the control: a config whose dtype were ignored would fail the first assertion)."""
     seen: dict[str, list[torch.dtype]] = {}
+    head: dict[str, dict[str, list]] = {}
     for dtype in ("bfloat16", "float32"):
         tr = _trainer(tmp_path / dtype, dtype=dtype, lr=1e-4)
         batch, adv = _batch(tr)
@@ -136,14 +171,26 @@ def test_bf16_computes_in_bf16_and_keeps_fp32_weights_gradients_and_adam_state(t
         projection = tr.policy.model.layers[0].mlp.gate_proj
         handle = projection.register_forward_hook(lambda mod, args, out: outs.append(out.dtype))
         tr.groups = [r // 4 for r in range(len(batch.completion_ids))]  # the rows' prompt groups, as a step sets them
-        tr.logprobs_no_grad(tr.model, batch.prompt_ids, batch.completion_ids)
+        vocab, hidden = tr.shape.vocab, tr.shape.hidden
+        with _HeadMatmuls(vocab, hidden) as no_grad_head:
+            tr.logprobs_no_grad(tr.model, batch.prompt_ids, batch.completion_ids)
         no_grad = list(outs)
-        grads = _update(tr, batch, adv)
+        with _HeadMatmuls(vocab, hidden) as update_head:
+            grads = _update(tr, batch, adv)
         handle.remove()
         seen[dtype] = [no_grad[0], outs[-1]]
+        head[dtype] = {"no_grad": no_grad_head.seen, "update": update_head.seen}
         assert all(p.dtype == torch.float32 for p in tr.policy.parameters())
         assert grads and all(g.dtype == torch.float32 for g in grads.values())
         moments = [t for s in tr.opt.optimizer.state.values() for k, t in s.items() if k in ("exp_avg", "exp_avg_sq")]
         assert moments and all(t.dtype == torch.float32 for t in moments)
+        # every kind of head product ran: the logits [c, V], the weight's gradient [V, H], the hidden's [c, H]
+        logits = lambda ops: [d for d, out in ops if out[-1] == vocab]  # noqa: E731
+        assert logits(head[dtype]["no_grad"]) and logits(head[dtype]["update"]), head[dtype]
+        assert any(out == (vocab, hidden) for _, out in head[dtype]["update"]), head[dtype]["update"]
+        assert any(out[-1] == hidden and out[0] != vocab for _, out in head[dtype]["update"]), head[dtype]["update"]
     assert seen["bfloat16"] == [torch.bfloat16, torch.bfloat16], seen
     assert seen["float32"] == [torch.float32, torch.float32], seen
+    for dtype, want in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        for phase, ops in head[dtype].items():
+            assert all(d == want for dtypes, _ in ops for d in dtypes), (dtype, phase, ops)

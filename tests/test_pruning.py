@@ -299,3 +299,136 @@ def test_oracle_has_the_least_variance_at_the_budget(seed, rate):
         assert oracle <= _completion_variance(pi, sq) * (1 + 1e-9), (rule.inclusion, rule.size_proxy)
         for t in (0.02, 0.1):  # and below every step from it toward another rule (the optimum, not merely better)
             assert oracle <= _completion_variance((1 - t) * oracle_pi + t * pi, sq) * (1 + 1e-9), (rule.size_proxy, t)
+
+
+# ---------------------------------------------------------------- GRESO's adaptation, the abs_adv candidate rule
+def test_greso_adapts_toward_the_zero_variance_targets():
+    """GRESO (docs/method.md §2.9): after a step of a later epoch, each exploration probability moves by exactly the
+    step size toward its zero-variance target: down when the step's fraction of all-correct (p_easy) / all-wrong
+    (p_hard) groups is at or above the target (explore less), up when below; clipped to [0.05, 0.95]; never in the
+    first epoch. The values returned for logging are the ones the next prompt stage uses."""
+    easy, hard, mixed = [1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 1.0]
+    # 1 of 4 all-correct (0.25 >= 1/12) and 2 of 4 all-wrong (0.5 >= 1/6): both explore less
+    above = torch.tensor([easy, hard, hard, mixed])
+    greso = GRESO()
+    assert greso.after_step(above, epoch=1) == {"greso/p_easy": 0.5 - 0.01, "greso/p_hard": 0.5 - 0.01}
+    # every group informative: both below target, both explore more
+    greso = GRESO()
+    assert greso.after_step(torch.tensor([mixed, mixed]), epoch=1) == {"greso/p_easy": 0.51, "greso/p_hard": 0.51}
+    # each on its own: all-correct above its target, all-wrong below its own (0 of 4)
+    greso = GRESO()
+    assert greso.after_step(torch.tensor([easy, mixed, mixed, mixed]), epoch=1) == {"greso/p_easy": 0.49,
+                                                                                   "greso/p_hard": 0.51}
+    assert (greso.state.p_easy, greso.state.p_hard) == (0.49, 0.51)
+    # at the target exactly: explore less (frac >= target)
+    greso = GRESO()
+    greso.state.target_easy = greso.state.target_hard = 0.5
+    greso.after_step(torch.tensor([easy, hard]), epoch=1)
+    assert (greso.state.p_easy, greso.state.p_hard) == (0.49, 0.49)
+    # the first epoch does not adapt
+    greso = GRESO()
+    assert greso.after_step(above, epoch=0) == {"greso/p_easy": 0.5, "greso/p_hard": 0.5}
+    # clipped to [low, high]
+    greso = GRESO()
+    greso.state.p_easy, greso.state.p_hard = 0.95, 0.945
+    greso.after_step(torch.tensor([mixed]), epoch=1)
+    assert (greso.state.p_easy, greso.state.p_hard) == (0.95, 0.95)
+    greso.state.p_easy, greso.state.p_hard = 0.05, 0.055
+    greso.after_step(torch.tensor([easy, hard]), epoch=1)
+    assert (greso.state.p_easy, greso.state.p_hard) == (0.05, 0.05)
+    # the adapted p is the one the prompt stage uses: skip 1 - max(p^z, 0.01), z the recent streak
+    greso = GRESO()
+    logged = greso.after_step(torch.tensor([easy, mixed, mixed, mixed]), epoch=1)
+    history = PromptHistory()
+    for _ in range(2):
+        history.update(0, easy, [0.0] * 3, [4] * 3, step=0)  # easy streak 2
+    history.update(1, hard, [0.0] * 3, [4] * 3, step=0)  # hard streak 1
+    history.update(2, mixed, [0.5] * 3, [4] * 3, step=0)  # no streak
+    pi = greso.prompt_inclusion([0, 1, 2, 3], history).tolist()
+    assert pi == [0.49 ** 2, 0.51, 1.0, 1.0] == [logged["greso/p_easy"] ** 2, logged["greso/p_hard"], 1.0, 1.0]
+    # a long streak is skipped with probability at most 0.99: p^z floored at 0.01
+    for _ in range(5):
+        history.update(0, easy, [0.0] * 3, [4] * 3, step=0)  # easy streak 7: 0.49^7 < 0.01
+    assert greso.prompt_inclusion([0], history).tolist() == [1.0 - (1.0 - 0.01)]
+    history.records[0].easy_streak = 2
+    # saved and restored with a checkpoint
+    restored = GRESO()
+    restored.load_state_dict(greso.state_dict())
+    assert restored.prompt_inclusion([0, 1], history).tolist() == pi[:2]
+
+
+def test_abs_adv_candidate_rule():
+    """prompt_candidate_rule abs_adv (docs/method.md §2.3): a prompt is a candidate when its mean |A| at the last visit
+    is below abs_adv_threshold (strictly), whatever its reward variance; never-seen prompts never are. The default
+    rule (zero_variance) reads the variance instead. Candidates are kept with pi = 1 - r_q, the others with 1."""
+    history = PromptHistory()
+    history.update(0, [1.0, 0.0, 0.0, 0.0], [0.05] * 4, [5] * 4, step=0)  # informative, small |A|
+    history.update(1, [1.0, 1.0, 1.0, 1.0], [0.5] * 4, [5] * 4, step=0)  # zero variance, large |A|
+    history.update(2, [1.0, 0.0, 1.0, 0.0], [0.25] * 4, [5] * 4, step=0)  # mean |A| = the threshold: not below
+    history.update(3, [0.0, 0.0, 0.0, 0.0], [0.0] * 4, [5] * 4, step=0)  # |A| = 0
+    history.update(4, [1.0, 0.0, 1.0, 0.0], [1.0, 0.0, 2.0, 1.0], [5] * 4, step=0)  # mean |A| 1: large
+    keys = [0, 1, 2, 3, 4, 5]  # 5: never seen
+    rule = DPPO(prompt_rate=0.4, prompt_rule="abs_adv", abs_adv_threshold=0.25)
+    assert rule.prompt_candidates(keys, history).tolist() == [True, False, False, True, False, False]
+    assert rule.prompt_inclusion(keys, history).tolist() == [0.6, 1.0, 1.0, 0.6, 1.0, 1.0]
+    zero_variance = DPPO(prompt_rate=0.4, abs_adv_threshold=0.25)
+    assert zero_variance.prompt_candidates(keys, history).tolist() == [False, True, False, True, False, False]
+
+
+def test_every_pruner_field_reaches_its_pruner():
+    """build_pruner hands each pruner its own config fields, every one set away from its default (an option no run
+    turns on, e.g. prompt_candidate_rule abs_adv, would otherwise silently keep the default)."""
+    from dppo.config import TrainConfig
+    from dppo.pruning import build_pruner
+
+    dppo_fields = dict(prompt_prune_rate=0.3, completion_prune_rate=0.4, prune_sampling="fixed_count",
+                       prompt_candidate_rule="abs_adv", abs_adv_threshold=0.2, inclusion_floor=0.2, size_proxy="adv",
+                       uniform_mix=0.5, kl_coef=0.07, loss_agg="token-mean")
+    for name, cls in (("dppo", DPPO), ("dppo_biased", BiasedDPPO)):
+        pruner = build_pruner(TrainConfig(pruner=name, **dppo_fields))
+        assert type(pruner) is cls
+        assert pruner == cls(prompt_rate=0.3, completion_rate=0.4, sampling="fixed_count", prompt_rule="abs_adv",
+                             abs_adv_threshold=0.2, inclusion="uniform", inclusion_floor=0.2, size_proxy="adv",
+                             uniform_mix=0.5, kl_coef=0.07, loss_agg="token-mean")
+    pruner = build_pruner(TrainConfig(pruner="dppo", inclusion="proportional", size_proxy="length"))
+    assert (pruner.inclusion, pruner.size_proxy) == ("proportional", "length")
+    cppo = build_pruner(TrainConfig(pruner="cppo", completion_prune_rate=0.4, cppo_per_group=False,
+                                    cppo_allocation=False))
+    assert cppo == CPPO(prune_rate=0.4, per_group=False, allocation=False)
+    assert build_pruner(TrainConfig(pruner="dapo_filter", dapo_max_rounds=7)) == DAPOFilter(max_rounds=7)
+    assert type(build_pruner(TrainConfig(pruner="greso"))) is GRESO
+
+
+def test_dapo_filter_refills_and_trains_the_first_b_informative_groups():
+    """DAPO dynamic sampling (docs/method.md §2.9) through prune_step, B = 2: rounds of B more prompts are rolled out
+    while fewer than B groups are informative, at most max_rounds rounds in all; of the informative groups the first
+    B train, unweighted, a plain mean over their rows (B G, or fewer when the rounds ran out)."""
+    G = 3
+    table = {0: [1.0, 1.0, 1.0], 1: [1.0, 0.0, 0.0], 2: [0.0, 1.0, 1.0], 3: [1.0, 0.0, 1.0], 4: [0.0, 0.0, 0.0],
+             5: [1.0, 1.0, 1.0], 6: [0.0, 0.0, 0.0], 7: [0.0, 1.0, 0.0]}
+
+    def run(keys, rounds, max_rounds):
+        rolled_out, more = [], iter(rounds)
+
+        def rollout(ks):
+            rolled_out.append(list(ks))
+            return torch.tensor([table[k] for k in ks]), torch.full((len(ks), G), 4)
+        step = prune_step(DAPOFilter(max_rounds=max_rounds), keys, PromptHistory(), rollout, torch.Generator(),
+                          group_size=G, more_keys=lambda n: next(more))
+        return step, rolled_out
+
+    no, yes = [False] * G, [True] * G
+    # one informative group, then two more: the first B = 2 of the three train
+    step, rolled_out = run([0, 1], [[2, 3], [7, 4]], 4)
+    assert rolled_out == [[0, 1], [2, 3]] and step.covered == [0, 1, 2, 3]
+    assert step.completion.keep.tolist() == [no, yes, yes, no]
+    assert step.normaliser == 2 * G and step.weights.tolist() == [1.0] * (2 * G)
+    # both informative at once: no refill
+    step, rolled_out = run([1, 2], [[3, 7]], 4)
+    assert rolled_out == [[1, 2]] and step.completion.keep.tolist() == [yes, yes] and step.normaliser == 2 * G
+    # still short after max_rounds = 2: no third round; the one informative group trains alone
+    step, rolled_out = run([0, 4], [[5, 1], [6, 2]], 2)
+    assert rolled_out == [[0, 4], [5, 1]] and step.completion.keep.tolist() == [no, no, no, yes]
+    assert step.normaliser == G and step.weights.tolist() == [1.0] * G
+    step, rolled_out = run([0, 4], [[5, 1], [6, 2]], 3)
+    assert rolled_out == [[0, 4], [5, 1], [6, 2]] and step.completion.keep.tolist() == [no, no, no, yes, no, yes]

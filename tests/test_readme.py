@@ -74,3 +74,16 @@ def test_verdict_is_unresolved_when_the_baseline_did_not_learn():
     # a gain interval that holds 0 but also losses of more than 5 points: not "kept"
     summary, seeds = _table([9.0, -12.0, 4.0], [20, 22, 21], [30, 34, 32], [1.8, 1.9, 2.0])
     assert verdict(summary, seeds, "DPPO", "GRPO") == "faster, accuracy unresolved at this power"
+
+
+def test_verdict_higher_and_one_seed():
+    """The branches the test above leaves: a gain interval above 0 ("higher"), and one seed (no interval: the
+    accuracy is unresolved, the speed-up judged by its value)."""
+    from dppo.readme import verdict
+
+    summary, seeds = _table([5.0, 6.0, 5.5], [20, 22, 21], [30, 34, 32], [1.8, 1.9, 2.0])
+    assert verdict(summary, seeds, "DPPO", "GRPO") == "faster, accuracy higher"
+    summary, seeds = _table([5.0], [20], [30], [1.2])
+    assert verdict(summary, seeds, "DPPO", "GRPO") == "faster, accuracy unresolved"
+    summary, seeds = _table([5.0], [20], [30], [0.9])
+    assert verdict(summary, seeds, "DPPO", "GRPO") == "not faster, accuracy unresolved"

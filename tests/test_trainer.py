@@ -106,12 +106,21 @@ def test_resume_after_interruption_reproduces_uninterrupted_run(tmp_path, embedd
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_no_resume_starts_over(tmp_path, embedded):
+def test_no_resume_starts_over_and_final_is_in_the_save_dtype(tmp_path, embedded):
+    """resume: false trains again from step 0. save_dtype bfloat16 writes final/ at 2 bytes a parameter, the trained
+    weights rounded once, while checkpoints keep the fp32 master weights (a resume stays exact)."""
     common = dict(lr=2e-4, max_steps=2, eval_every=1000, save_every=1, **SMALL)
     Trainer(TrainConfig(output_dir=str(tmp_path), **common)).fit()
-    tr = Trainer(TrainConfig(output_dir=str(tmp_path), resume=False, **common))
+    assert all(v.dtype == torch.float32 for v in load_file(str(tmp_path / "final" / "model.safetensors")).values())
+    tr = Trainer(TrainConfig(output_dir=str(tmp_path), resume=False, save_dtype="bfloat16", **common))
     tr.fit()
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+    final = load_file(str(tmp_path / "final" / "model.safetensors"))
+    trained = {k: v.detach() for k, v in tr.policy.state_dict().items()}
+    assert final and all(v.dtype == torch.bfloat16 for v in final.values())
+    assert all(torch.equal(final[k], trained[k].to(torch.bfloat16)) for k in final)
+    ckpts = list((tmp_path / "checkpoints").rglob("*.safetensors"))
+    assert ckpts and all(v.dtype == torch.float32 for f in ckpts for v in load_file(str(f)).values() if v.is_floating_point())
 
 
 def test_checkpoints_removed_after_final_and_a_finished_run_is_not_trained_again(tmp_path, embedded):
@@ -309,9 +318,10 @@ def test_phase_timers_wait_for_the_device_at_phase_boundaries(monkeypatch):
     assert unsynced.times["rollout"] == 0.0
 
 
-def test_the_rollout_engine_sleeps_once_per_step_before_the_update_and_once_per_evaluation(tmp_path, embedded):
+def test_the_rollout_engine_sleeps_once_per_step_before_the_update_and_evaluates_in_one_call(tmp_path, embedded):
     """vLLM on CUDA frees its memory when told to (`sleep`): the trainer tells it once per step, after every rollout
-    of the step and before the update, and once after an evaluation, not between its splits."""
+    of the step and before the update; an evaluation samples every split in one call and leaves it awake (the next
+    step's rollout wakes into it: a sleep would need a weight push, a collective under FSDP)."""
     cfg = TrainConfig(output_dir=str(tmp_path), max_steps=2, eval_every=1000, save_every=1000, **SMALL)
     tr = FixedRollout.install(Trainer(cfg))
     events = []
@@ -323,4 +333,129 @@ def test_the_rollout_engine_sleeps_once_per_step_before_the_update_and_once_per_
     assert events == ["generate", "sleep", "update"], events
     events.clear()
     tr.run_eval()
-    assert events == ["generate"] * len(tr.evals) + ["sleep"] and len(tr.evals) > 1, events
+    assert events == ["generate"] and len(tr.evals) > 1, events
+
+
+MAX_GRAD_NORM = 0.01  # far below the embedded model's gradient norms on FixedRollout's batches (4-140 measured)
+
+
+@pytest.fixture(scope="module")
+def optimizer_steps(tmp_path_factory, embedded):
+    """Two warm-up steps of 2 optimizer updates each (num_minibatches 2) on fixed completions, every optimizer step
+    watched where it happens: the learning rate AdamW reads from its param groups, the gradient it steps with (after
+    clipping), and the norm of the gradient as the backward left it (before clipping). Returns (config, the steps'
+    records, one dict per optimizer update)."""
+    cfg = TrainConfig(output_dir=str(tmp_path_factory.mktemp("optimizer")), train_size=8, eval_size=2,
+                      prompts_per_step=4, group_size=4, max_new_tokens=16, warmup_steps=10, num_minibatches=2,
+                      max_grad_norm=MAX_GRAD_NORM, eval_every=1000, save_every=1000, intra_op_threads=1)
+    tr = FixedRollout.install(Trainer(cfg))
+    updates: list[dict] = []
+    clip = tr.accelerator.clip_grad_norm_
+
+    def measured_clip(parameters, max_norm, *args, **kwargs):
+        parameters = list(parameters)
+        raw = sum(float(p.grad.double().pow(2).sum()) for p in parameters if p.grad is not None) ** 0.5
+        norm = clip(parameters, max_norm, *args, **kwargs)
+        updates.append({"step": tr.step, "raw_norm": raw, "returned_norm": float(norm)})
+        return norm
+
+    def at_optimizer_step(optimizer, args, kwargs):
+        stepped = sum(float(p.grad.double().pow(2).sum()) for g in optimizer.param_groups for p in g["params"]
+                      if p.grad is not None) ** 0.5
+        updates[-1].update(lrs=[g["lr"] for g in optimizer.param_groups], stepped_norm=stepped, optimizer_step=True)
+
+    tr.accelerator.clip_grad_norm_ = measured_clip
+    tr.opt.optimizer.register_step_pre_hook(at_optimizer_step)
+    records = [tr.train_step() for _ in range(2)]
+    return cfg, records, updates
+
+
+def test_every_optimizer_update_uses_the_scheduled_learning_rate(optimizer_steps):
+    """Warm-up is applied to the optimizer, not only logged: each AdamW step of training step k (0-based) reads
+    lr x (k + 1) / warmup_steps from every param group, which is also what metrics.jsonl logs as `lr` (a trainer that
+    never set the param groups would train at the constructor's rate while the log showed the warm-up)."""
+    from dppo.trainer import learning_rate
+
+    cfg, records, updates = optimizer_steps
+    assert [u["step"] for u in updates] == [0, 0, 1, 1] and all(u.get("optimizer_step") for u in updates), updates
+    for u in updates:
+        want = learning_rate(cfg, u["step"])
+        assert u["lrs"] and all(lr == want for lr in u["lrs"]), (u["step"], u["lrs"], want)
+    assert [r["lr"] for r in records] == [learning_rate(cfg, 0), learning_rate(cfg, 1)] == [cfg.lr / 10, cfg.lr * 2 / 10]
+
+
+def test_the_optimizer_steps_with_the_clipped_gradient_and_the_log_has_the_norm_before_clipping(optimizer_steps):
+    """max_grad_norm is applied: every gradient above it reaches AdamW with norm max_grad_norm (torch's factor
+    max_norm / (norm + 1e-6), exact up to float32 rounding), and `grad_norm` in the log is the step's mean norm before
+    clipping (what the backward produced), not after."""
+    _, records, updates = optimizer_steps
+    assert len(updates) == 4
+    for u in updates:
+        assert u["raw_norm"] > 100 * MAX_GRAD_NORM, u  # the clip binds (else this test would check nothing)
+        assert u["returned_norm"] == pytest.approx(u["raw_norm"], rel=1e-5), u
+        want = MAX_GRAD_NORM * u["raw_norm"] / (u["returned_norm"] + 1e-6)
+        assert u["stepped_norm"] == pytest.approx(want, rel=1e-5), u
+    for k, record in enumerate(records):
+        norms = [u["returned_norm"] for u in updates if u["step"] == k]
+        assert record["grad_norm"] == sum(norms) / len(norms), (record["grad_norm"], norms)
+        assert record["grad_norm"] == pytest.approx(sum(u["raw_norm"] for u in updates if u["step"] == k) / 2, rel=1e-5)
+
+
+def test_prompt_history_round_trips_through_the_checkpoint_file_field_by_field(tmp_path):
+    """The per-prompt history (docs/method.md §2.3) through exactly what a checkpoint does with it: `state_dict`, JSON in
+    trainer_state.json (`runfiles.write_atomic`), `runfiles.checkpoint_state`, `load_state_dict`. Every field of every
+    record comes back, the proportional rule's size proxy included (a record without it would load with the |A|
+    fallback, which these sizes differ from)."""
+    from dataclasses import asdict, fields
+
+    from dppo.history import PromptHistory, PromptRecord
+    from dppo.runfiles import checkpoint_state, write_atomic
+
+    history = PromptHistory()
+    history.update(3, [1.0, 0.0, 1.0, 1.0], [0.5, 1.5, 0.5, 0.5], [7, 12, 9, 30], step=0, sizes=[0.03, 0.21, 0.05, 0.01])
+    history.update(11, [1.0] * 4, [0.0] * 4, [5, 5, 6, 8], step=0)  # zero variance, no sizes: |A| stands in
+    history.update(3, [0.0, 0.0, 1.0, 0.0], [0.5, 0.5, 1.5, 0.5], [10, 11, 4, 2], step=1, sizes=[0.1, 0.2, 0.7, 0.3])
+    history.update(11, [1.0] * 4, [0.0] * 4, [5, 6, 6, 7], step=2)  # a second all-correct visit: easy_streak 2
+    assert history.records[3].mean_size != history.records[3].mean_abs_adv  # the sizes are not the fallback
+    ckpt = tmp_path / "step_3"
+    ckpt.mkdir()
+    write_atomic(ckpt / "trainer_state.json", json.dumps({"step": 3, "history": history.state_dict()}))
+    restored = PromptHistory()
+    restored.load_state_dict(checkpoint_state(ckpt)["history"])
+    assert restored.records.keys() == history.records.keys() == {3, 11}
+    for key, record in history.records.items():
+        for field in fields(PromptRecord):  # one by one, so a failure names the field
+            assert getattr(restored.records[key], field.name) == getattr(record, field.name), (key, field.name)
+        assert asdict(restored.records[key]) == asdict(record)
+
+
+class _RolloutWithLogprobs(FixedRollout):
+    """FixedRollout's completions with sampling log-probs that vary from token to token (FixedRollout's are 0, so
+    the logit proxies, sum of 1 - p_t, would be 0 for every completion)."""
+
+    def generate(self, prompts, params):
+        batch = super().generate(prompts, params)
+        batch.logprobs[:] = [-0.05 * (1 + torch.tensor(ids, dtype=torch.float32).remainder(13)) for ids in batch.completion_ids]
+        return batch
+
+
+def test_a_resumed_proportional_run_restores_every_prompts_history_and_size_proxy(tmp_path, embedded):
+    """inclusion proportional (size_proxy: the default): the history a resumed run loads from the checkpoint equals the
+    one the interrupted run saved, record by record and field by field, the size proxies included (the prompt stage of
+    each prompt's next visit reads them). The full bit-for-bit resume tests are in test_resume_after_interruption_*
+    (uniform inclusion) and tests/test_faults.py; this checks the history alone, in two steps."""
+    from dataclasses import asdict
+
+    cfg = TrainConfig(output_dir=str(tmp_path), pruner="dppo", prompt_prune_rate=0.5, completion_prune_rate=0.5,
+                      inclusion="proportional", train_size=8, eval_size=2, prompts_per_step=4, group_size=4,
+                      max_new_tokens=16, eval_every=1000, save_every=1000, intra_op_threads=1)
+    assert cfg.size_proxy == "logit_rms"
+    tr = _RolloutWithLogprobs.install(Trainer(cfg))
+    for _ in range(2):
+        tr.train_step()
+    tr.save_checkpoint()
+    saved = {k: asdict(r) for k, r in tr.history.records.items()}
+    assert len(saved) == 8 and any(r["mean_size"] != r["mean_abs_adv"] for r in saved.values()), saved
+    resumed = _RolloutWithLogprobs.install(Trainer(cfg))
+    assert resumed.maybe_resume() and resumed.step == 2
+    assert {k: asdict(r) for k, r in resumed.history.records.items()} == saved

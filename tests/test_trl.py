@@ -173,6 +173,43 @@ def test_dapo_prompt_stage_normaliser_uses_recorded_lengths(embedded64, tmp_path
     assert relative_error(draws, target) > 1e-3  # the factor is visible
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_fixed_loss_normaliser_divides_by_the_rolled_batch(embedded64, tmp_path, monkeypatch, loss_type):
+    """loss_normaliser fixed (docs/method.md §2.6): Z = the covered normaliser x B / |S|, B the prompts a batch rolls
+    out, |S| those it covers (seq-mean: B G rows, not |S| G; token-mean: Z_tok B / |S|). The rig's 4 prompts are
+    candidates and fixed_count keeps 2, so the same generation batch (same masks: they are seeded by the batch) has
+    exactly half the covered normaliser (logged as used) and twice its gradient, to 1e-9 in float64. With the covered
+    normaliser E[g] is GRPOTrainer's full-batch gradient (test_expected_gradient_is_trls_full_batch_gradient): with
+    fixed it is (|S| / B) times that, the unbiased estimate of the per-step loss the fixed normaliser targets."""
+    float64_numerics(monkeypatch)
+    model, tok = embedded64
+    data = Dataset.from_list([{"prompt": p} for p in PROMPTS])
+    dppo = make_trainer(DPPOTrainer, DPPOConfig, copy.deepcopy(model), tok, data, tmp_path, 2 * G // SPG,
+                        loss_type=loss_type, beta=0.0, prompt_prune_rate=0.7, completion_prune_rate=0.5,
+                        prune_sampling="fixed_count", loss_normaliser="fixed")
+    history = {k: PromptRecord(visits=1, zero_variance=True, mean_length=sum(map(len, COMPLETIONS[k][0])) / G)
+               for k in range(4)}
+    sampler = dppo._get_train_sampler()
+    sampler.max_passes = 1
+    grads, logs = {}, {}
+    for mode in ("fixed", "covered"):
+        dppo.args.loss_normaliser = mode
+        dppo.prompt_history.records = copy.deepcopy(history)
+        sampler.position = sampler.batch_no = 0
+        comp = sampler.compose()
+        sampler.compositions[comp.batch_no] = comp
+        assert len(comp.covered) == 4 and len(comp.rolled) == 2
+        grads[mode] = batch_gradient(dppo, dppo._generate_and_score_completions(rows(comp.rolled, comp.batch_no)))
+        logs[mode] = dppo.pruning_log[-1]
+    assert logs["fixed"]["prompt_keep"] == logs["covered"]["prompt_keep"]  # the same batch and masks
+    assert logs["fixed"]["completion_keep"] == logs["covered"]["completion_keep"]
+    z_covered = 4.0 * G if loss_type == "grpo" else float(sum(len(c) for k in range(4) for c in COMPLETIONS[k][0]))
+    assert (logs["fixed"]["normaliser"], logs["covered"]["normaliser"]) == (z_covered * 2 / 4, z_covered)
+    assert bool(grads["covered"].any())
+    error = float((grads["fixed"] - 2 * grads["covered"]).abs().max()) / float(grads["fixed"].abs().max())
+    assert error <= TOLERANCE["float64"], error
+
+
 @pytest.mark.parametrize("proxy", ["adv", "logit_rms"])
 def test_proportional_completion_stage_is_exact_in_trl(embedded64, tmp_path, proxy, monkeypatch):
     """inclusion proportional in DPPOTrainer (completion stage, docs/trl.md; with KL, so no row is an exact zero): E
@@ -371,3 +408,55 @@ def test_grpo_config_is_refused_with_a_pointer(tmp_path):
     with pytest.raises(ConfigError, match="DPPOConfig"):
         DPPOTrainer(model=model, reward_funcs=zero_reward, train_dataset=prompts_data(4), processing_class=tok,
                     args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none"))
+
+
+def test_resume_in_the_middle_of_a_generation_batch(tmp_path):
+    """steps_per_generation 2 > gradient_accumulation_steps 1: each generation batch serves two optimizer steps, and a
+    checkpoint after step 3 falls in the middle of batch 1 (steps 3 and 4). The resumed run generates that batch
+    again: its sampler starts where batch 1 started, with the prompt history as batch 1 was composed from (not yet
+    holding batch 1's own visits), so it composes batch 1 and the batches after it exactly as the uninterrupted run
+    did (same pass, stretch, covered prompts, masks and inclusion probabilities), and ends with the same history.
+    8 prompts, 4 a batch, zero rewards: batch 1's prompts are unseen when it is composed (none a candidate); a
+    history that already held them would make all 4 candidates and the pass could not fill a batch. The pruner's
+    state is saved as batch 1 found it too (its KL estimate, which each batch after the first updates with beta > 0;
+    the rewards are zero, the policy does not move and the KL is 0, so the update here counts the calls instead); a
+    checkpoint at a batch's end (step 6) holds the run's final history and pruner, and a run resumed from it
+    restores them."""
+    kw = run_config(tmp_path / "a", per_device_train_batch_size=8, steps_per_generation=2,
+                    gradient_accumulation_steps=1, num_train_epochs=2, max_completion_length=4, beta=0.04,
+                    save_strategy="steps", save_steps=3, prompt_prune_rate=0.5, completion_prune_rate=0.5)
+    model, tok = load_policy("embedded")
+    a = DPPOTrainer(model=model, reward_funcs=zero_reward, args=DPPOConfig(**kw), train_dataset=prompts_data(8),
+                    processing_class=tok)
+    after_step = a.pruner.after_step
+
+    def count_calls(rewards, epoch, stats=None):
+        after_step(rewards, epoch, stats)
+        a.pruner.kl_estimate = calls.append(stats["kl"]) or 0.5 * len(calls)
+    calls = []
+    a.pruner.after_step = count_calls
+    a.train()
+    logged = list(a.pruning_log)
+    assert [(e["batch"], e["pass"], len(e["covered"])) for e in logged] == [(0, 0, 4), (1, 0, 4), (2, 1, 7)]
+    checkpoint = tmp_path / "a" / "checkpoint-3"
+    state = json.loads((checkpoint / "dppo_state.json").read_text())
+    assert state["position"] == [0, 4, 1]  # batch 1's start: pass 0, position 4, batch number 1
+    assert sorted(int(k) for k in state["history"]) == sorted(logged[0]["covered"])  # batch 0's prompts only
+    assert len(calls) == 2 and state["pruner"] == {"kl_estimate": 0.0}  # batch 1 updates it after its stages
+    final = json.loads((tmp_path / "a" / "checkpoint-6" / "dppo_state.json").read_text())
+    assert final["position"] == [1, 7, 3] and final["history"] == a.prompt_history.state_dict()
+    assert final["pruner"] == {"kl_estimate": 1.0} == a.pruner.state_dict()
+    model, tok = load_policy("embedded")
+    b = DPPOTrainer(model=model, reward_funcs=zero_reward, args=DPPOConfig(**{**kw, "output_dir": str(tmp_path / "b")}),
+                    train_dataset=prompts_data(8), processing_class=tok)
+    b.train(resume_from_checkpoint=str(checkpoint))
+    keys = ("batch", "pass", "covered", "prompt_keep", "prompt_pi")
+    assert [{k: e[k] for k in keys} for e in b.pruning_log] == [{k: e[k] for k in keys} for e in logged[1:]]
+    assert {k: r.visits for k, r in b.prompt_history.records.items()} == \
+        {k: r.visits for k, r in a.prompt_history.records.items()}
+    model, tok = load_policy("embedded")  # resumed at the end: nothing left to train, the state restored
+    c = DPPOTrainer(model=model, reward_funcs=zero_reward, args=DPPOConfig(**{**kw, "output_dir": str(tmp_path / "c")}),
+                    train_dataset=prompts_data(8), processing_class=tok)
+    c.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-6"))
+    assert list(c.pruning_log) == [] and c.prompt_history.state_dict() == a.prompt_history.state_dict()
+    assert c.pruner.kl_estimate == 1.0

@@ -235,3 +235,23 @@ def test_packed_passes_equal_padded(embedded, tmp_path, monkeypatch, dtype, tole
         print(f"packed vs padded: {error:.1e}")
         assert error <= tolerance
     assert slots[False] == ids.numel() and slots[True] <= int(mask.sum()) < slots[False]  # one row, no padding
+
+
+def test_every_pruning_field_reaches_the_pruner(embedded64, tmp_path):
+    """DPPOConfig's pruning fields, each set away from its default (prompt_candidate_rule abs_adv, a threshold,
+    fixed_count, the proportional rule's floor, proxy and mix; beta and loss_type), are the ones DPPOTrainer's pruner
+    holds (an option read from the config but not handed over would silently keep the default)."""
+    from dppo.pruning import DPPO
+
+    model, tok = embedded64
+    fields = dict(prompt_prune_rate=0.3, completion_prune_rate=0.4, prune_sampling="fixed_count",
+                  prompt_candidate_rule="abs_adv", abs_adv_threshold=0.2, inclusion_floor=0.2, size_proxy="adv",
+                  uniform_mix=0.5)
+    trainer = two_prompt_trainer(DPPOTrainer, DPPOConfig, model, tok, tmp_path, loss_type="dr_grpo", beta=0.07,
+                                 **fields)
+    assert trainer.pruner == DPPO(prompt_rate=0.3, completion_rate=0.4, sampling="fixed_count", prompt_rule="abs_adv",
+                                  abs_adv_threshold=0.2, inclusion="uniform", inclusion_floor=0.2, size_proxy="adv",
+                                  uniform_mix=0.5, kl_coef=0.07, loss_agg="seq-mean-token-sum-norm")
+    trainer = two_prompt_trainer(DPPOTrainer, DPPOConfig, model, tok, tmp_path, completion_prune_rate=0.4,
+                                 inclusion="proportional", size_proxy="length")
+    assert (trainer.pruner.inclusion, trainer.pruner.size_proxy) == ("proportional", "length")
