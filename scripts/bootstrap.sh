@@ -42,7 +42,7 @@ fi
 echo "[bootstrap] setting up $VENV (python: $($PY --version 2>&1))"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip() {  # pip's own output and exit status: a failed install ends the script with pip's error above this line
-  if ! "$VENV/bin/python" -m pip "$@"; then
+  if ! "$VENV/bin/python" -m pip "$@" 2> >(grep -v "^WARNING: Location" >&2); then  # (a local index's noise)
     echo "[bootstrap] failed: pip $* (pip's error above); $VENV is incomplete" >&2
     exit 1
   fi
