@@ -73,7 +73,7 @@ for label, dirs in runs.items():
 assert t1["seeds"].eq(len(seeds)).all() and list(t1.index) == [k for k in layout if k not in studies.longer_rows(layout)]
 assert list(equal.index) == list(layout) and equal.loc["GRPO", "reached"] == len(seeds)  # GRPO reaches its own accuracy
 assert (equal["budget_frac"] > 0).all() and equal.loc["GRPO", "budget_frac"] == 1.0
-assert len(seeds) < 2 or t1["speedup_ci"].notna().all()  # intervals over >= 2 seeds (the paper profile runs 1)
+assert (t1["speedup_ci"].notna() | (t1["seeds_timed"] < 2)).all()  # an interval over >= 2 quiet pairs (contended ones left out: dppo.tables; the paper profile runs 1 seed)
 # What a wrong implementation would break, on every seed's steps: GRPO trains every rolled-out row with weight 1 (its
 # trained tokens are exactly its generated ones); DPPO trains a strict subset (completion pruning: fewer tokens
 # trained than generated over the run; with r_o = 0.5 no completion pruned in any step of any seed has probability

@@ -72,7 +72,7 @@ for label, dirs in runs.items():
         assert (d / "final" / "model.safetensors").is_file() and "eval/avg" in m, d
 assert r1["seeds"].eq(len(seeds)).all() and list(r1.index) == list(layout)
 assert equal.loc["GRPO", "reached"] == len(seeds) and equal.loc["GRPO", "budget_frac"] == 1.0
-assert len(seeds) < 2 or r1["speedup_ci"].notna().all()
+assert (r1["speedup_ci"].notna() | (r1["seeds_timed"] < 2)).all()  # an interval over >= 2 quiet pairs (contended ones left out: dppo.tables; the paper profile runs 1 seed)
 # What a wrong implementation would break: GRPO trains every rolled-out row with weight 1; DPPO trains a strict subset
 # and re-weights what it keeps by 1/pi >= 1
 steps = {label: pd.concat([results.load_run(d) for d in dirs]).query("step > 0") for label, dirs in runs.items()}
