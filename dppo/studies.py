@@ -9,6 +9,7 @@ and sampling streams; every method of one seed sees the same data in the same or
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +153,18 @@ def t5_runs(rates=T5_RATES) -> dict:
 
 
 T5_RUNS = t5_runs()
-SMALL, LARGE = "embedded (0.8 M)", "embedded-large (1.6 M)"  # T3's row labels of the two models (CPU profile)
+
+
+def model_size(name: str) -> str:
+    """'1.0 M': the parameters of embedded model `name` counted in its shipped weights (dppo/embedded/<name>/), in
+    millions; every label, caption and doc that states a size quotes this (tests/test_readme.py checks the docs)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(__file__).resolve().parent / "embedded" / name / "model.safetensors"), "numpy") as f:
+        return f"{sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys()) / 1e6:.1f} M"
+
+
+SMALL, LARGE = f"embedded ({model_size('embedded')})", f"embedded-large ({model_size('embedded-large')})"  # T3's rows
 
 
 def t3_runs(small: str = SMALL, large: str = LARGE) -> dict:
@@ -180,10 +192,11 @@ SHORT_CAPTION = ("CPU scale, short runs: embedded model, 256 training problems x
                  "samples); speed-up vs GRPO in training-step time.")
 T2_CAPTION = SHORT_CAPTION + (" T2 runs are off-policy: 4 minibatch updates per step (on-policy, GSPO's gradient "
                               "equals GRPO's). Speed-up and gain of X + DPPO are against X.")
-T3_CAPTION = SHORT_CAPTION.replace("embedded model", "embedded (0.8 M) and embedded-large (1.6 M, twice the depth, grown "
-                                   "from the small one) models") + \
+T3_CAPTION = SHORT_CAPTION.replace("embedded model", f"{SMALL} and {LARGE[:-1]}, twice the depth, grown from the "
+                                   "small one) models") + \
     " Speed-up and gain of DPPO are against GRPO on the same model."
-T1_CAPTION = ("Main results at CPU scale: embedded Qwen3-architecture model (0.8 M parameters), synthetic math task "
+T1_CAPTION = (f"Main results at CPU scale: embedded Qwen3-architecture model ({model_size('embedded')} parameters), "
+              "synthetic math task "
               "(256 training problems x 3 epochs = 48 steps of 16 prompts x 8 completions, 2 CPU cores). "
               "Accuracy: final Pass@1 (%) over 6 held-out splits (64 problems x 4 samples each); time: "
               "training-step minutes (evaluation excluded); speed-up vs GRPO at equal epochs, paired by seed.")

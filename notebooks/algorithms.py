@@ -31,7 +31,7 @@ overrides = {}  # TrainConfig fields for every run where valid (what is left out
 launch = {}  # {accelerate_config, num_processes, launcher}: each run its own launched process group (dppo.launch); {}: in this process
 results_dir = ""  # runs under <profile root>/results_dir (root: experiments/results, or .../paper),
 # tables and figures in its figures/; "": the root, and figures/ (paper: figures/paper)
-smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
+smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%

@@ -27,7 +27,7 @@ samples = 32  # answers sampled per checkpoint
 split = "ood"  # the held-out split the problem is picked from
 results_dir = ""  # main_results' results_dir (T1's runs, read), case_study.csv beside them, F5 in its figures/;
 # "": the profile's (paper: where experiments/paper/main_results.yaml put T1), and figures/ (paper: figures/paper)
-smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
+smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%

@@ -33,16 +33,16 @@ import os
 
 prompts = 8  # B
 group_size = 8  # G
-rates = [0.0, 0.3, 0.5, 0.7, 0.9]  # r_q = r_o of each point of F3
+rates = [0.0, 0.3, 0.5, 0.7, 0.9]  # the rate of each point of F3 (r_q and r_o both)
 draws = 3000  # mask draws per estimator and rate
 seed = 0  # rollout seed of the batch above; the selection batches start here too
 selection_batches = 10  # batches the default size proxy and mixture are chosen on (seeds from `seed`)
 report_batches = 10  # batches the proxies are reported on (seeds from `report_seed`), never used to choose
 report_seed = 100  # rollout seed of the first report batch
-mixes = [0.0, 0.1, 0.25]  # uniform_mix values compared (lambda: pi = (1 - lambda) proportional + lambda uniform)
+mixes = [0.0, 0.1, 0.25]  # uniform_mix values compared (lambda: pi is (1 - lambda) x proportional + lambda x uniform)
 results_dir = ""  # results under <profile root>/results_dir (root: experiments/results, or .../paper):
 # the CSVs in <...>/gradient_variance, F3 in <...>/figures; "": the root, and figures/ (paper: figures/paper)
-smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
+smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%

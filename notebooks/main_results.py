@@ -29,11 +29,11 @@ import os
 configs = {}  # {label: yaml} to replace the CPU-scale configs of T1 (e.g. paper scale)
 overrides = {}  # TrainConfig fields for every run where valid (what is left out is reported): not a pruning
 # field the row's pruner ignores, nor a field the row sets beyond the study setup (T4's stage, T5's rates, T2's algorithm)
-seeds = [0, 1, 2]  # each method is trained once per seed (seed = data, order and sampling streams)
+seeds = [0, 1, 2]  # each method is trained once per seed (the seed sets its data, order and sampling streams)
 launch = {}  # {accelerate_config, num_processes, launcher}: each run its own launched process group (dppo.launch); {}: in this process
 results_dir = ""  # runs under <profile root>/results_dir (root: experiments/results, or .../paper),
 # tables and figures in its figures/; "": the root, and figures/ (paper: figures/paper)
-smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
+smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 long_epochs = 8  # epochs of the DPPO run trained for about GRPO's time (T1 at equal compute); 0: no such run
 

@@ -27,7 +27,7 @@ capacities = [128, 256, 512, 1024]  # packed row capacities C
 reps = 5  # timed repetitions of each layout's forward and backward (their mean time is reported)
 results_dir = ""  # results under <profile root>/results_dir (root: experiments/results, or .../paper):
 # packing.csv in <...>/packing, F4 in <...>/figures (it reads T4's runs there); "": the root, and figures/
-smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
+smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%

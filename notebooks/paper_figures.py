@@ -25,7 +25,7 @@ import os
 
 results_dir = ""  # every study's results under <profile root>/results_dir, tables and figures in its figures/; "": the
 # profile's (paper: the folder each experiments/paper/<study>.yaml names), and figures/ (paper: figures/paper)
-smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
+smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 complete = True  # every study's results must be there (False, as after ./reproduce.sh --study X: what exists)
 

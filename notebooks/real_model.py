@@ -29,10 +29,10 @@ import os
 
 configs = {}  # {label: yaml} to replace experiments/cpu/real_grpo.yaml / real_dppo.yaml
 overrides = {}  # TrainConfig fields for every run where valid (what is left out is reported), e.g. {lr: 1.0e-5}
-seeds = [0, 1, 2]  # each method is trained once per seed (seed = held-out split, data order and sampling streams)
+seeds = [0, 1, 2]  # each method is trained once per seed (the seed sets its held-out split, data order and sampling streams)
 launch = {}  # {accelerate_config, num_processes, launcher}: each run its own launched process group; {}: this process
 results_dir = ""  # runs under <profile root>/results_dir, tables and figures in its figures/; "": the root and figures/
-smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
+smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%

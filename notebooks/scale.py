@@ -16,7 +16,7 @@
 # %% [markdown]
 # # T3 — a larger model with and without DPPO
 # The paper adds DPPO to larger models (Qwen3-8B, a ~30B MoE). At CPU scale the larger model is
-# `embedded-large`: the embedded Qwen3 architecture with twice the depth (8 layers, 1.6 M parameters, about
+# `embedded-large`: the embedded Qwen3 architecture with twice the depth (8 layers, 2.0 M parameters, about
 # twice the parameters as 4B -> 8B), grown from the small one (each new layer starts as the identity) and warm-started further, so
 # it starts where the small one is and moves ahead. Each model's DPPO
 # run is compared with GRPO on the same model, in the short setup of T2/T4/T5. At paper scale
@@ -29,11 +29,11 @@ configs = {}  # YAML files by row label or by the CPU config they replace (paper
 overrides = {}  # TrainConfig fields for every run where valid (what is left out is reported): not a pruning
 # field the row's pruner ignores, nor a field the row sets beyond the study setup (T4's stage, T5's rates, T2's algorithm)
 large_model = "embedded-large"  # the larger model's model_name_or_path (paper scale: hf:Qwen/Qwen3-8B)
-model_labels = ["embedded (0.8 M)", "embedded-large (1.6 M)"]  # the (small, large) models' names in the rows
+model_labels = ["embedded (1.0 M)", "embedded-large (2.0 M)"]  # the (small, large) models' names in the rows
 launch = {}  # {accelerate_config, num_processes, launcher}: each run its own launched process group (dppo.launch); {}: in this process
 results_dir = ""  # runs under <profile root>/results_dir (root: experiments/results, or .../paper),
 # tables and figures in its figures/; "": the root, and figures/ (paper: figures/paper)
-smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long sizes (the tests set DPPO_SMOKE=1)
+smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 
 # %%

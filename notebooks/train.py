@@ -22,10 +22,10 @@
 import os
 
 config = "experiments/cpu/grpo.yaml"  # a YAML file of TrainConfig fields
-output_dir = ""  # "" = experiments/results/train/<config name>
+output_dir = ""  # "": experiments/results/train/<config name>
 overrides = {}  # any TrainConfig field: value
 launch = {}  # {accelerate_config, num_processes, launcher}: each run its own launched process group (dppo.launch); {}: in this process
-smoke = os.environ.get("DPPO_SMOKE") == "1"  # seconds-long run (tests)
+smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long run (tests)
 
 # %%
 from pathlib import Path

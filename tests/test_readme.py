@@ -87,3 +87,34 @@ def test_verdict_higher_and_one_seed():
     assert verdict(summary, seeds, "DPPO", "GRPO") == "faster, accuracy unresolved"
     summary, seeds = _table([5.0], [20], [30], [0.9])
     assert verdict(summary, seeds, "DPPO", "GRPO") == "not faster, accuracy unresolved"
+
+
+def test_every_stated_model_size_is_counted_from_the_weights():
+    """Every 'N M' parameter count in the README, docs, notebooks, library, benches and committed tables is one the
+    weights give: the shipped embedded models' (`studies.model_size`, read from their safetensors) or SmolLM2's
+    134.5 M (tests/test_real_model.py counts its de-quantised parameters). A stale size (the docs once said 0.8 M for
+    1,033,088 parameters) fails here."""
+    from dppo.studies import model_size
+
+    sizes = {model_size("embedded"), model_size("embedded-large"), "134.5 M"}
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "notebooks").glob("*.py"),
+             *(ROOT / "dppo").glob("*.py"), *(ROOT / "bench").glob("*.py"), *(ROOT / "figures").glob("*.md"),
+             *(ROOT / "figures").glob("*.csv")]
+    stated = {(f.relative_to(ROOT).as_posix(), m) for f in files
+              for m in re.findall(r"(?<![\w.])\d+(?:\.\d+)? M\b", " ".join(f.read_text().split()))}
+    assert {m for _, m in stated} >= {model_size("embedded"), model_size("embedded-large")}
+    assert not {(f, m) for f, m in stated if m not in sizes}, sorted(stated)
+
+
+def test_every_markdown_table_row_has_its_headers_cells():
+    """A '|' inside a cell (|A|, a code span) splits it unless escaped (GitHub's tables): every row of every table in
+    the README and docs/ has as many unescaped '|' as its header."""
+    broken = []
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        header = None
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            cells = len(re.findall(r"(?<!\\)\|", line)) if line.startswith("|") else None
+            header = None if cells is None else header or cells
+            if cells is not None and cells != header:
+                broken.append(f"{path.name}:{number}")
+    assert not broken, broken
