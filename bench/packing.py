@@ -60,12 +60,14 @@ def main() -> None:
     weights = torch.rand(len(c), generator=torch.Generator().manual_seed(0))
 
     def timed(fn):
-        """(seconds a rep, token slots, the completion log-probs [n, T] of the last rep)."""
-        t0 = time.perf_counter()
+        """(mean seconds a rep, token slots, the completion log-probs [n, T] of the last rep, each rep's seconds)."""
+        reps = []
         for _ in range(args.reps):
+            t0 = time.perf_counter()
             model.zero_grad(set_to_none=True)
             slots, lp = fn()
-        return (time.perf_counter() - t0) / args.reps, slots, lp.detach()
+            reps.append(time.perf_counter() - t0)
+        return sum(reps) / len(reps), slots, lp.detach(), reps
 
     def padded():
         slots, parts = 0, []
@@ -91,8 +93,8 @@ def main() -> None:
           f"({shared_tokens} with each prompt once)")
     print(f"{'layout':<16}{'valid-token density':>20}{'loss-token density':>19}{'update tok/s':>14}"
           f"{'speed vs padded':>17}{'max |dlogp|':>13}")
-    base_t, base_slots, base_lp = timed(padded)
-    rows = [("padded", base_t, base_slots, base_lp, all_tokens)]
+    base_t, base_slots, base_lp, base_reps = timed(padded)
+    rows = [("padded", base_t, base_slots, base_lp, base_reps, all_tokens)]
     for cap in args.capacity:  # the layouts alternate, so a busy machine slows them alike
         rows.append((f"packed C={cap}", *timed(lambda cap=cap: packed(cap)), all_tokens))
         rows.append((f"shared C={cap}", *timed(lambda cap=cap: shared(cap)), shared_tokens))
@@ -101,8 +103,10 @@ def main() -> None:
         mask[n, : len(b)] = True
     table = [{"layout": name, "valid_token_density": real / slots, "loss_token_density": comp_tokens / slots,
               "update_tokens_per_s": comp_tokens / t, "speedup_vs_padded": base_t / t,
-              "max_logprob_diff_vs_padded": float((lp[:, : mask.shape[1]] - base_lp)[mask].abs().max())}
-             for name, t, slots, lp, real in rows]
+              "max_logprob_diff_vs_padded": float((lp[:, : mask.shape[1]] - base_lp)[mask].abs().max()),
+              "update_tokens_per_s_std": float(torch.tensor([comp_tokens / r for r in reps]).std()) if len(reps) > 1
+              else 0.0}
+             for name, t, slots, lp, reps, real in rows]
     for r in table:
         print(f"{r['layout']:<16}{r['valid_token_density']:>20.3f}{r['loss_token_density']:>19.3f}"
               f"{r['update_tokens_per_s']:>14,.0f}{r['speedup_vs_padded']:>16.2f}x"

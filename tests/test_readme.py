@@ -118,3 +118,22 @@ def test_every_markdown_table_row_has_its_headers_cells():
             if cells is not None and cells != header:
                 broken.append(f"{path.name}:{number}")
     assert not broken, broken
+
+
+def test_contradictions_with_the_paper_are_stated_from_the_numbers():
+    """'against the paper' appears exactly where a table's means contradict the paper's claim, computed from them."""
+    import pandas as pd
+
+    from dppo.readme import against_paper
+
+    t1 = pd.DataFrame({"acc_gain": [0.0, 3.0, 2.0]}, index=["GRPO", "CPPO", "DPPO"])
+    assert "CPPO's mean gain (+3.0) above DPPO's (+2.0)" in against_paper("T1", t1)
+    assert against_paper("T1", t1.assign(acc_gain=[0.0, 1.0, 2.0])) == ""
+    t3 = pd.DataFrame({"acc_gain": [0.0, 1.0, 0.0, -2.5]},
+                      index=["GRPO, small", "DPPO, small", "GRPO, embedded-large", "DPPO, embedded-large"])
+    assert "-2.5 points" in against_paper("T3", t3) and against_paper("T3", t3.assign(acc_gain=0.5)) == ""
+    grid = {f"r_q={rq}, r_o={ro}": 1 + rq + ro for rq in (0.3, 0.5) for ro in (0.3, 0.5)}
+    t5 = pd.DataFrame({"speedup": list(grid.values())}, index=list(grid))
+    assert against_paper("T5", t5) == ""
+    t5.loc["r_q=0.5, r_o=0.5", "speedup"] = 1.0
+    assert "not monotone" in against_paper("T5", t5) and "0.5, 0.5: 1.00x" in against_paper("T5", t5)
