@@ -13,7 +13,7 @@ import pandas as pd
 from dppo.studies import PAPER
 
 ROOT = Path(__file__).resolve().parent.parent
-BEGIN = "<!-- results-table: generated from figures/*.csv by `python -m dppo.readme` -->"
+BEGIN = "<!-- results-table: generated from figures/*.csv by `.venv/bin/python -m dppo.readme` -->"
 END = "<!-- /results-table -->"
 KEPT_MARGIN = 5.0  # points: a gain interval that holds 0 says "kept" only when it also excludes losses beyond this
 TABLES = {"R1": "R1_real_model", "T1": "T1_main_results", "T2": "T2_algorithms", "T3": "T3_scale", "T4": "T4_ablations",

@@ -147,3 +147,14 @@ def test_gpu_check_vllm_rows_pass_in_its_cpu_dry_run():
                ("vllm_logprobs", "vllm_follows", "vllm_tis", "vllm_rewake", "vllm_fsdp")), out
     assert verdicts["paper_path"] == "SKIPPED (flash-attn not importable)", out
     assert "2 steps (vllm, sdpa)" in out and "vLLM engine shut down" in out, out
+
+
+def test_programs_documented_for_this_environment_answer_help():
+    """The commands README and docs/ give for .venv-vllm (tests/test_documented_commands.py checks the main
+    environment's) parse `--help` here."""
+    from test_documented_commands import COMMANDS, _help, _program
+
+    programs = {_program(c) for _, c in COMMANDS if c.startswith(".venv-vllm/bin/")}
+    assert programs
+    for program in sorted(programs):
+        assert _help(list(program)).strip(), program
