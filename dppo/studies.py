@@ -9,7 +9,9 @@ and sampling streams; every method of one seed sees the same data in the same or
 
 from __future__ import annotations
 
+import json
 import math
+import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,11 +159,12 @@ T5_RUNS = t5_runs()
 
 def model_size(name: str) -> str:
     """'1.0 M': the parameters of embedded model `name` counted in its shipped weights (dppo/embedded/<name>/), in
-    millions; every label, caption and doc that states a size quotes this (tests/test_readme.py checks the docs)."""
-    from safetensors import safe_open
-
-    with safe_open(str(Path(__file__).resolve().parent / "embedded" / name / "model.safetensors"), "numpy") as f:
-        return f"{sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys()) / 1e6:.1f} M"
+    millions; every label, caption and doc that states a size quotes this (tests/test_readme.py checks the docs). Read
+    from the safetensors header (8 bytes of length, then JSON with each tensor's shape) with the standard library:
+    ./reproduce.sh imports this module with the system Python before any environment exists."""
+    with open(Path(__file__).resolve().parent / "embedded" / name / "model.safetensors", "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    return f"{sum(math.prod(t['shape']) for key, t in header.items() if key != '__metadata__') / 1e6:.1f} M"
 
 
 SMALL, LARGE = f"embedded ({model_size('embedded')})", f"embedded-large ({model_size('embedded-large')})"  # T3's rows

@@ -42,7 +42,7 @@ from IPython.display import Markdown, display
 from dppo import figures, results, studies, tables
 
 if smoke:
-    seeds = seeds[:2]  # two seeds still give intervals
+    seeds = seeds[:1]  # one seed: the real model's steps are slow; intervals over seeds are tested by main_results
 layout = studies.study_layouts("real_model", configs=configs, overrides=overrides)["R1"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile)
 out = results.figures_dir(smoke, profile, results_dir)

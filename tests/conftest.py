@@ -1,16 +1,31 @@
+import os
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
+# run_tests.sh runs the suite on 2 pytest-xdist workers: one intra-op thread each (and in the processes tests start),
+# so two workers never ask 2 cores for 4 threads
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
 
+# Tests that need the machine to themselves (run_tests.sh runs them after the parallel part): the study notebooks
+# (they time paired runs, and share T1's smoke runs), the contention checks, and the time-limit and server tests.
+SERIAL_FILES = ("test_paired.py", "test_gpu_check.py", "test_jupyterlab.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
 def pytest_collection_modifyitems(config, items):
-    """Start test_install's environment.yml resolution (network-bound, ~2 min) as soon as it is selected, so it runs
-    beside the rest of the suite; the test waits for it."""
+    """Mark the serial tests; start test_install's environment.yml resolution (network-bound, ~2 min) as soon as it
+    is selected, so it runs beside the rest of the suite; the test waits for it."""
     from test_install import ENV_TEST, start_environment_yml_resolution
 
-    if any(item.name == ENV_TEST for item in items):
+    for item in items:
+        if item.path.parent.name == "notebooks" or item.path.name in SERIAL_FILES:
+            item.add_marker(pytest.mark.serial)
+    if any(item.name == ENV_TEST for item in items) and config.getoption("markexpr", "") != "serial":
         workdir = Path(tempfile.mkdtemp(prefix="dppo-env-yml-"))
         config._env_resolution = (start_environment_yml_resolution(workdir), workdir)
 

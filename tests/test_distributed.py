@@ -18,7 +18,7 @@ import yaml
 from safetensors.torch import load_file
 
 from dppo.config import TrainConfig
-from dppo.trainer import read_metrics, run_metrics
+from dppo.trainer import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist_worker.py"
@@ -126,24 +126,16 @@ def _train(tmp_path: Path, name: str, **over) -> Path:
     return tmp_path / name
 
 
-def _training(path: Path) -> list[dict]:
-    return [{k: v for k, v in run_metrics(r).items() if not k.startswith("eval/")}
-            for r in read_metrics(path / "metrics.jsonl")]
-
-
-def test_two_process_run_logs_once_and_resumes_like_an_uninterrupted_run(tmp_path, embedded):
+def test_two_process_run_logs_once_and_keeps_its_checkpoints(tmp_path, embedded):
+    """A 2-process DPPO run writes one metrics line per step, keeps `keep_checkpoints` checkpoints and its final
+    weights, and both ranks prune the same sure candidates (fixed_count). Its resume, after a rank is killed, equals
+    an uninterrupted 2-process run bit for bit: tests/test_faults.py."""
     full = _train(tmp_path, "full", max_steps=5)
     assert [r["step"] for r in read_metrics(full / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]  # one line per step
     assert sorted(p.name for p in (full / "checkpoints").iterdir()) == ["step_4", "step_5"]  # keep_checkpoints 2
     assert (full / "final" / "model.safetensors").is_file()
     m = read_metrics(full / "metrics.jsonl")
     assert m[5]["kept/prompt_frac"] == 0.5, "step 5 has 6 sure candidates: fixed_count at rate 0.5 drops 3"
-    cut = _train(tmp_path, "cut", max_steps=3)  # stops after step 3 (checkpoint step_3) ...
-    _train(tmp_path, "cut", max_steps=5)  # ... and resumes from it
-    assert [r["step"] for r in read_metrics(cut / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]
-    assert _training(cut) == _training(full)
-    a, b = (load_file(str(d / "final" / "model.safetensors")) for d in (full, cut))
-    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_fsdp_sharded_scoring_gradients_and_weight_gather(tmp_path, embedded):

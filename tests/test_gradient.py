@@ -94,7 +94,7 @@ def _exact_moments(pruner, rewards, history) -> tuple[torch.Tensor, torch.Tensor
     return mean, sum(p * torch.outer(c - mean, c - mean) for p, c in outcomes)
 
 
-@pytest.mark.parametrize("rate", [0.3, 0.5, 0.7, 0.9])
+@pytest.mark.parametrize("rate", [0.3, 0.9])  # the closed form at a low and a high rate (F3 plots every rate)
 def test_variance_matches_closed_form(setup, rate):
     """Bernoulli masks: tr Cov[grad L_hat] = sum_items (1/pi - 1) ||grad item||^2 / (B G)^2 (docs/method.md §2.7), with
     items = completions (completion stage) or whole groups (prompt stage); both stages together:
@@ -130,8 +130,9 @@ def test_variance_matches_closed_form(setup, rate):
     # the proportional rule: its completion probabilities depend on which prompts were rolled out, so only the
     # enumeration over prompt masks is exact; the Monte-Carlo variance is measured against it within 5 of its own
     # standard errors (estimated from the draws: the per-draw quadratic form is heavy-tailed at small pi, so a fixed
-    # relative tolerance would hold on some batches and not others). Two rates: the Monte-Carlo is the slow part.
-    if rate not in (0.5, 0.9):
+    # relative tolerance would hold on some batches and not others). At the high rate only, where pi is smallest and
+    # the weights largest: the Monte-Carlo is the slow part.
+    if rate != 0.9:
         return
     prop = DPPO(prompt_rate=rate, completion_rate=rate, inclusion="proportional", kl_coef=0.1, kl_estimate=0.1)
     lengths = torch.tensor(setup[4]).view(B, G)  # fixed by construction, as the logit proxy's sizes below

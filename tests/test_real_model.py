@@ -24,11 +24,17 @@ def cached():
     return dppo_model.load_policy(NAME)
 
 
-def test_cached_copy_equals_the_gguf_load(cached):
+@pytest.fixture(scope="module")
+def gguf():
+    """(model, tokenizer) straight from the GGUF file (transformers de-quantises it, ~30 s): loaded once."""
+    return dppo_model.load_gguf(dppo_model.packaged_gguf(NAME))
+
+
+def test_cached_copy_equals_the_gguf_load(cached, gguf):
     """The de-quantised safetensors copy computes the GGUF file's logits (fp32; a wrong key map, a dropped tied head or
     another dtype would differ by far more than 1e-5)."""
     model, tok = cached
-    gguf_model, gguf_tok = dppo_model.load_gguf(dppo_model.packaged_gguf(NAME))
+    gguf_model, gguf_tok = gguf
     text = tok.apply_chat_template([{"role": "user", "content": "What is 12 + 9?"}], tokenize=False,
                                    add_generation_prompt=True)
     ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
@@ -49,11 +55,11 @@ def test_cache_is_keyed_by_the_gguf_files_hash(cached):
     assert folder.parent == dppo_model.cache_root()
 
 
-def test_tokenizer_round_trips_and_chat_template_is_the_models(cached):
+def test_tokenizer_round_trips_and_chat_template_is_the_models(cached, gguf):
     _, tok = cached
     text = "Ann has 7 pens. 7 + 7 = 14, \\boxed{14}; unicode: é ü 数学 — done.\n"
     assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
-    _, gguf_tok = dppo_model.load_gguf(dppo_model.packaged_gguf(NAME))
+    _, gguf_tok = gguf
     assert tok.chat_template == gguf_tok.chat_template
     wrapped = tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4? Answer with just the number."}],
                                       tokenize=False, add_generation_prompt=True)
