@@ -352,7 +352,7 @@ def check_training(rep: Report, device: str, workdir: Path, seconds: float) -> N
     """2 DPPO steps of the paper recipe on the shipped embedded policy, launched as the paper launches a run."""
     from dppo.config import TrainConfig
     from dppo.launch import train_command
-    from dppo.trainer import read_metrics
+    from dppo.runfiles import read_metrics
 
     recipe = TrainConfig.load(ROOT / "experiments/paper/dppo_qwen3_4b_math.yaml").to_dict()
     keep = ("dtype", "gradient_checkpointing", "rollout_is_correction", "algorithm", "num_minibatches",

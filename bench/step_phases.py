@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dppo.trainer import read_metrics
+from dppo.runfiles import read_metrics
 
 PHASES = ("prune", "rollout", "reward", "gather", "old_logprob", "ref_logprob", "update", "step")
 IDEAL = {"rollout": "tokens generated", "update": "tokens trained"}  # phase -> the work its time should follow

@@ -20,7 +20,8 @@ import pandas as pd
 
 from busy_machine import start_job
 from dppo import results, studies
-from dppo.trainer import Trainer, read_metrics
+from dppo.runfiles import read_metrics
+from dppo.trainer import Trainer
 
 POLICIES = {"1 thread": 1, f"{os.cpu_count()} threads (one per core)": os.cpu_count(), "auto": -1}
 

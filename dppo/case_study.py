@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 
 from dppo.config import TrainConfig
-from dppo.trainer import load_data, read_metrics
+from dppo.runfiles import read_metrics
+from dppo.trainer import load_data
 
 
 def case_study_answers(runs: dict[str, Path], split: str = "ood", samples: int = 32, seed: int = 0) -> pd.DataFrame:

@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from dppo.composition import REFILL_MODES
+from dppo.errors import ConfigError
 from dppo.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 from dppo.pruning import INCLUSION_RULES, NORMALISERS, PRUNER_FIELDS, PRUNERS, SAMPLING_MODES, SIZE_PROXIES
 from dppo.reward import ANSWER_FORMATS
@@ -26,9 +27,6 @@ BUILTIN_DATASETS = ("embedded", "arithmetic")  # dppo.task (the embedded models'
 # config dtype -> the autocast compute dtype over fp32 master weights (None: plain fp32)
 COMPUTE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-
-class ConfigError(ValueError):
-    """A one-line, user-facing configuration error."""
 
 
 # algorithm -> defaults for the fields left as None (reward scaling, policy loss, aggregation, clip range)

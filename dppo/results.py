@@ -3,7 +3,8 @@
 
 Train time is the sum of `timing_s/step` (training steps; evaluation excluded), so runs compare on the work they
 do, not on how often they were evaluated; `cpu_s/step` and `flops/step` are the same sums in process CPU time and
-FLOPs (docs/method.md §5.1).
+FLOPs (docs/method.md §5.1). Reading runs (`load_run`, `summarize`, and `dppo.tables` over them) imports neither
+torch nor the trainer: those are imported by the functions that train.
 """
 
 from __future__ import annotations
@@ -16,17 +17,16 @@ import shutil
 import time
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
-import torch
-from transformers.utils import logging as hf_logging
 
 from dppo import progress, toy
-from dppo.config import ConfigError, TrainConfig
-from dppo.paired import fit_in_turn
+from dppo.runfiles import read_metrics
 from dppo.studies import FIGURES, RESULTS, ROOT, runs_for
-from dppo.trainer import Trainer, read_metrics
 
-hf_logging.disable_progress_bar()  # a study shows one bar per run, not transformers' per-load and per-save bars
+if TYPE_CHECKING:
+    from dppo.config import TrainConfig
 PROFILES = ("cpu", "paper")
 CODE_FILE = "code.sha256"  # in each run folder: the hash of the dppo source that trained it
 # A study notebook at smoke size (tests): seconds per run.
@@ -78,13 +78,26 @@ def run(config: str | Path, output_dir: str | Path, smoke: bool = False, launch:
 
         launch_run(cfg, launch)
     else:
-        Trainer(cfg).fit()
+        _trainer_class()(cfg).fit()
     return Path(output_dir)
+
+
+def _trainer_class():
+    """dppo.trainer.Trainer, imported when a run is trained here (reading runs needs no torch), with transformers'
+    per-load and per-save bars off: a study shows one bar per run."""
+    from transformers.utils import logging as hf_logging
+
+    from dppo.trainer import Trainer
+
+    hf_logging.disable_progress_bar()
+    return Trainer
 
 
 def prepare(config: str | Path, output_dir: str | Path, smoke: bool = False, **overrides) -> TrainConfig | None:
     """The config `run` trains into `output_dir`, its folder made ready (`code.sha256` written; a stale final/
     removed); None when the folder already holds this run finished by this code."""
+    from dppo.config import TrainConfig
+
     fields = {**(SMOKE if smoke else {}), **overrides, "output_dir": str(output_dir)}
     cfg = TrainConfig.load(ROOT / config, fields)
     if toy.active():
@@ -116,6 +129,8 @@ def code_hash() -> str:
 
 def _saved_config(out: Path) -> TrainConfig | None:
     """The config a run folder was made with (None: no run, or one of an older dppo that no longer loads)."""
+    from dppo.config import ConfigError, TrainConfig
+
     try:
         return TrainConfig.load(out / "config.yaml") if (out / "config.yaml").is_file() else None
     except ConfigError:
@@ -142,7 +157,7 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
             progress.note(f"{label}, seed {over['seed']}: finished earlier ({folder.relative_to(root)})")
             continue
         # in turn: CPU runs in this process (on a GPU each run needs the device's memory for itself)
-        together = not launch and cfg.rollout_backend == "hf" and not torch.cuda.is_available()
+        together = not launch and cfg.rollout_backend == "hf" and not _cuda()
         groups.setdefault(("seed", cfg.seed) if together else ("alone", i), []).append((label, cfg))
     trained = 0.0
     for n, group in enumerate(groups.values(), 1):
@@ -156,10 +171,19 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
 
             launch_run(group[0][1], launch)
         else:
-            fit_in_turn([lambda cfg=cfg: Trainer(cfg) for _, cfg in group])
+            from dppo.paired import fit_in_turn
+
+            trainer = _trainer_class()
+            fit_in_turn([lambda cfg=cfg: trainer(cfg) for _, cfg in group])
         trained += time.perf_counter() - t0
         progress.note(f"training {n}/{len(groups)} done in {time.perf_counter() - t0:.0f} s")
     return out
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def load_run(run_dir: str | Path) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """The run folder, kept safe: one run per folder (a pid lock), files written atomically, strict-JSON metrics,
 checkpoints checked before they are trusted, and a resumed run held to the config it started with
-(docs/method.md §4.3).
+(docs/method.md §4.3); and reading a run back (`read_metrics`, `run_metrics`) without torch or the trainer.
 
     <output_dir>/.lock               {"pid", "host"} of the run that owns the folder
     <output_dir>/config.yaml         the run's config
@@ -11,6 +11,7 @@ checkpoints checked before they are trusted, and a resumed run held to the confi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -18,8 +19,12 @@ import socket
 import struct
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dppo.config import ConfigError
+from dppo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dppo.data import Problem
 
 # Fields a resumed run may change: where and how often it evaluates and saves, how far it goes, how it batches
 # (the same rows and the same arithmetic up to float summation order) and memory knobs. Every other field
@@ -210,3 +215,40 @@ def config_changes(saved: dict, current: dict) -> list[str]:
                                          and math.isclose(saved[name], value, rel_tol=1e-12)):
             out.append(f"{name} ({saved[name]!r} -> {value!r})")
     return out
+
+
+def data_fingerprint(problems: list[Problem]) -> str:
+    """A short hash of the training problems (prompts and answers, in order)."""
+    h = hashlib.sha256()
+    for p in problems:
+        h.update(p.prompt.encode() + b"\0" + p.answer.encode() + b"\1")
+    return h.hexdigest()[:16]
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a metrics.jsonl. A last line cut short (no newline, not JSON: a run killed while it appended
+    the line) is dropped with a warning, as a resumed run drops it; any other unreadable line is an error."""
+    text = Path(path).read_text(errors="replace")
+    lines = text.splitlines()
+    records = []
+    for i, ln in enumerate(lines):
+        if not ln.strip():
+            continue
+        try:
+            records.append(json.loads(ln))
+        except ValueError as e:
+            if i == len(lines) - 1 and not text.endswith("\n"):
+                warnings.warn(f"{str(path)!r}: dropped its last line, cut short after {len(ln)} characters (a run "
+                              f"killed while writing it; resuming the run drops it too)", RunWarning, stacklevel=2)
+                break
+            raise ValueError(f"{str(path)!r} line {i + 1} is not a JSON object ({e})") from None
+    return records
+
+
+# Metrics of the machine, not of the run: two runs of one config and seed differ in these and agree on every other.
+MACHINE_METRICS = ("timing_s/", "cpu_s/", "throughput/", "load/")
+
+
+def run_metrics(record: dict) -> dict:
+    """A metrics record without its machine metrics (`MACHINE_METRICS`)."""
+    return {k: v for k, v in record.items() if not k.startswith(MACHINE_METRICS)}

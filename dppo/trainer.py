@@ -15,7 +15,6 @@ of the kept rows, and only the main process writes.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -49,8 +48,10 @@ from dppo.packing import group_segments, pack_rows, packed_completion_logprobs, 
 from dppo.pruning import NEEDS_LOGPROBS, build_pruner, logit_grad_sizes, prune_step
 from dppo.reward import math_reward
 from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config, gather_rollouts
-from dppo.runfiles import (RunError, RunWarning, acquire_lock, append_line, check_output_dir, checkpoint_state,
-                           config_changes, json_line, read_jsonl_prefix, release_lock, write_atomic)
+from dppo.runfiles import (MACHINE_METRICS, RunError, RunWarning, acquire_lock, append_line,  # noqa: F401
+                           check_output_dir, checkpoint_state, config_changes, data_fingerprint, json_line,
+                           read_jsonl_prefix, read_metrics, release_lock, run_metrics, write_atomic)
+# (read_metrics, run_metrics and MACHINE_METRICS are re-exported: a run folder is read through dppo.runfiles)
 from dppo.scoring import TokenLogprobs, completion_logprobs, pad_completions
 
 
@@ -828,40 +829,3 @@ class Trainer:
         if not acc:  # resumed at the very end: read the last eval back
             acc = {k[5:]: v for k, v in read_metrics(self.metrics_path)[-1].items() if k.startswith("eval/")}
         return acc
-
-
-def data_fingerprint(problems: list[Problem]) -> str:
-    """A short hash of the training problems (prompts and answers, in order)."""
-    h = hashlib.sha256()
-    for p in problems:
-        h.update(p.prompt.encode() + b"\0" + p.answer.encode() + b"\1")
-    return h.hexdigest()[:16]
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    """The records of a metrics.jsonl. A last line cut short (no newline, not JSON: a run killed while it appended
-    the line) is dropped with a warning, as a resumed run drops it; any other unreadable line is an error."""
-    text = Path(path).read_text(errors="replace")
-    lines = text.splitlines()
-    records = []
-    for i, ln in enumerate(lines):
-        if not ln.strip():
-            continue
-        try:
-            records.append(json.loads(ln))
-        except ValueError as e:
-            if i == len(lines) - 1 and not text.endswith("\n"):
-                warnings.warn(f"{str(path)!r}: dropped its last line, cut short after {len(ln)} characters (a run "
-                              f"killed while writing it; resuming the run drops it too)", RunWarning, stacklevel=2)
-                break
-            raise ValueError(f"{str(path)!r} line {i + 1} is not a JSON object ({e})") from None
-    return records
-
-
-# Metrics of the machine, not of the run: two runs of one config and seed differ in these and agree on every other.
-MACHINE_METRICS = ("timing_s/", "cpu_s/", "throughput/", "load/")
-
-
-def run_metrics(record: dict) -> dict:
-    """A metrics record without its machine metrics (`MACHINE_METRICS`)."""
-    return {k: v for k, v in record.items() if not k.startswith(MACHINE_METRICS)}

@@ -132,3 +132,23 @@ def test_papermill_reads_every_notebook_parameter_without_a_warning(caplog):
                     and not line.startswith(("#", "import", "from", "}", "]")) and " = " in line]
         assert not caplog.records and len(parsed) == len(assigned), (path.name, caplog.text)
         assert all(p.help for p in parsed), (path.name, [p.name for p in parsed if not p.help])
+
+
+def test_reading_a_run_folder_imports_neither_torch_nor_the_trainer(tmp_path):
+    """Tables, figures, benches and notebooks read metrics.jsonl through dppo.runfiles / dppo.results /
+    dppo.tables: none of that imports torch (or the trainer, which does)."""
+    import json
+
+    lines = [{"step": 0, "eval/avg": 0.25, "eval/level1": 0.25}]
+    lines += [{"step": s, "epoch": s / 2, "timing_s/step": 1.5, "cpu_s/step": 3.0, "flops/step": 1e9, "reward": 0.4,
+               "tokens/generated": 100, "tokens/trained": 80, "kept/prompt_frac": 1.0, "kept/completion_frac": 0.8,
+               "density/valid_token": 0.9, **({"eval/avg": 0.5, "eval/level1": 0.5} if s == 4 else {})}
+              for s in range(1, 5)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    code = ("import sys; from dppo import results, runfiles, tables; "
+            f"row = results.summarize({str(tmp_path)!r}); assert row['steps'] == 4 and row['acc/avg'] == 0.5, row; "
+            f"assert len(runfiles.read_metrics({str(tmp_path / 'metrics.jsonl')!r})) == 5; "
+            "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'dppo.trainer'))); "
+            "assert not loaded, loaded")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
