@@ -288,6 +288,7 @@ def figure_f5(answers: pd.DataFrame, name: str = "F5_case_study", out: Path = FI
     axes[0][0].set_ylabel("share of sampled answers")
     axes[0][-1].legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
     question = textwrap.fill("Q: " + " ".join(str(answers["question"].iloc[0]).split()), int(14 * 3.4 * len(methods)))
+    question = question.replace("$", r"\$")  # LaTeX in a MATH problem is shown as written, not parsed as mathtext
     fig.suptitle(f"{question}\n(gold: {answers['gold'].iloc[0]}; seed {seed} of each method, "
                  f"{int(answers['samples'].iloc[0])} samples per checkpoint; each method's own checkpoints: pruning "
                  "methods take fewer steps per epoch)", fontsize=8)

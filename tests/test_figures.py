@@ -83,12 +83,13 @@ def test_t5_states_the_speedup_kind_and_seeds_on_fixed_colour_ranges(tmp_path, s
 
 
 def test_f5_shows_the_whole_question_the_seed_and_the_samples(tmp_path):
-    question = "Lena buys " + " and then ".join(f"{k} boxes of {k + 3} pens" for k in range(1, 12)) + ". How many?"
+    question = ("Lena buys " + " and then ".join(f"{k} boxes of {k + 3} pens" for k in range(1, 12)) +
+                ". How many, with $0 \\le \\theta < 2 \\pi$?")  # MATH's LaTeX: no mathtext parse (\\le is not in it)
     rows = [dict(method=m, step=s, answer=a, count=c, samples=8, correct=a == "42", question=question, gold="42")
             for m, steps in (("GRPO", (0, 4, 8)), ("DPPO", (0, 4))) for s in steps
             for a, c in (("42", 3), ("41", 2), ("7", 1), ("9", 1), ("10", 1))]
     fig = figures.figure_f5(pd.DataFrame(rows), out=tmp_path, top_k=3)
-    title = " ".join(fig._suptitle.get_text().split())
+    title = " ".join(fig._suptitle.get_text().replace("\\$", "$").split())
     assert " ".join(question.split()) in title and "seed 0" in title and "8 samples per checkpoint" in title
     assert "other (2 distinct answers)" in _legend_texts(fig.axes[-1]) and "42 (gold)" in _legend_texts(fig.axes[-1])
 
