@@ -100,9 +100,9 @@ def proportional_summary(ratios: pd.DataFrame) -> pd.DataFrame:
 def figure_f3(results_dir: str | Path, name: str = "F3_gradient_variance", out: Path = FIGURES,
               rules: list[str] | None = None):
     """Variance (relative to ||grad L||^2) vs rate, measured and closed form; bias in standard errors; and, from
-    proxies.csv (or proportional.csv, the summary an earlier F3 wrote: a redraw) when present, each of `rules` (proportional rules by name; default: the library's, TrainConfig's
-    `size_proxy` and `uniform_mix`), |A| alone and the oracle against the uniform rule over the report batches
-    (median, min-max band). Its numbers go beside it: <name>.csv (variance.csv) and <name>_proportional.csv (per rule
+    proxies.csv (or proportional.csv, the summary an earlier F3 wrote: a redraw) when present, each of `rules`
+    (proportional rules by name; default: the library's, TrainConfig's `size_proxy` and `uniform_mix`), |A| alone
+    and the oracle against the uniform rule over the report batches (median, min-max band). Its numbers go beside it: <name>.csv (variance.csv) and <name>_proportional.csv (per rule
     and rate over the report batches: median, min, max of variance / the uniform rule's, batches below it)."""
     plt = _plt()
     df = pd.read_csv(Path(results_dir) / "variance.csv")
@@ -222,7 +222,8 @@ def figure_f1(name: str = "F1_method_overview", out: Path = FIGURES):
         ax.text(x + 0.8, 1.6, title, ha="center", va="center", fontsize=9, weight="bold")
         ax.text(x + 0.8, 0.8, body, ha="center", va="center", fontsize=7)
         if i < len(boxes) - 1:
-            ax.annotate("", xy=(x + 2.02, 1.1), xytext=(x + 1.68, 1.1), arrowprops=dict(arrowstyle="->", lw=1.5, color="#333333"))
+            ax.annotate("", xy=(x + 2.02, 1.1), xytext=(x + 1.68, 1.1),
+                        arrowprops=dict(arrowstyle="->", lw=1.5, color="#333333"))  # dark: seaborn's edges are white
     ax.set_title("Dynamic Pruning Policy Optimization: one training step (shaded: what DPPO adds to GRPO)")
     save_figure(fig, name, out)
     return fig
