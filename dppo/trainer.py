@@ -795,7 +795,7 @@ class Trainer:
         name = "/".join(self.out.parts[-2:])  # e.g. "grpo/seed1": which run the bar is
         bar = tqdm(total=self.composer.stream.limit, initial=min(self.composer.covered, self.composer.stream.limit),
                    desc=name, unit="prompt", mininterval=10.0, disable=not self.is_main)
-        told = progress.Throttle(every_s=20.0)
+        note_due = progress.Throttle(every_s=20.0)  # true at most every 20 s: a line in the progress file
         while not self.finished():
             record = self.train_step()
             last = self.finished()
@@ -809,7 +809,7 @@ class Trainer:
             bar.update(min(self.composer.covered, bar.total) - bar.n)
             bar.set_postfix(step=self.step, reward=f"{record['reward']:.3f}",
                             zero_std=f"{record['frac_reward_zero_std']:.2f}")
-            if self.is_main and (told() or last):
+            if self.is_main and (note_due() or last):
                 progress.note(f"  {name}: step {self.step} | {bar.format_meter(**bar.format_dict)}")
             yield self.step
         bar.close()
