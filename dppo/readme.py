@@ -168,6 +168,7 @@ def results_table(figures: Path = ROOT / "figures") -> str:
 
     lines = ["| table | seeds | measured here (vs the row's GRPO-family baseline) | verdict | paper (GPU scale) |",
              "| --- | --- | --- | --- | --- |"]
+    quoted: dict[str, str] = {}  # a claim of the paper -> the first row that quoted it (later rows say "as R1")
     for table, name in TABLES.items():
         df = pd.read_csv(figures / f"{name}.csv").set_index("label")
         per_seed = pd.read_csv(figures / f"{name}_seeds.csv")
@@ -190,9 +191,10 @@ def results_table(figures: Path = ROOT / "figures") -> str:
             verdicts.setdefault(verdict(df, per_seed, label, base_of.get(label, "GRPO")), []).append(label)
         said = learning(per_seed, bases) + ". " + "; ".join(f"{' / '.join(labels)}: {v}"
                                                            for v, labels in verdicts.items())
-        said += (". " + against_paper(table, df)) if against_paper(table, df) else ""
-        paper = next((f"as {t}" for t in TABLES if t != table and PAPER[t] == PAPER[table] and
-                      list(TABLES).index(t) < list(TABLES).index(table)), PAPER[table])  # said once
+        contradicted = against_paper(table, df)
+        said += f". {contradicted}" if contradicted else ""
+        paper = f"as {quoted[PAPER[table]]}" if PAPER[table] in quoted else PAPER[table]
+        quoted.setdefault(PAPER[table], table)
         lines.append(f"| {table} | {seeds} | {what} | {said} | {paper} |")
     lines.append(f"| F3 | - | {_f3(figures)} | {_f3_verdict(figures)} | {PAPER['F3']} |")
     lines.append(f"| F4 | - | {_f4(figures)} | - | {PAPER['F4']} |")
