@@ -107,5 +107,8 @@ printf '  %s\n' "${summary[@]}"
 figs="$("$VENV/bin/python" -c 'import os, sys; from dppo import results
 print(os.path.relpath(results.figures_dir(False, *sys.argv[1:])))' "$profile" "$rd")"
 echo "[reproduce] regenerated ($figs/): $(ls "$figs" | tr '\n' ' ')"
-if [ "$figs" = figures ]; then "$VENV/bin/python" -m dppo.readme; fi  # the README's results table, from figures/ (one source)
+if [ "$figs" = figures ]; then  # the committed figures/: the README's results table from them (one source), and the
+  "$VENV/bin/python" -m dppo.readme  # executed paper_figures (every table and figure inline) beside them
+  cp "$out/notebooks/paper_figures.ipynb" figures/paper_figures.ipynb
+fi
 echo "[reproduce] executed notebooks, with every table and figure inline: $out/notebooks/"

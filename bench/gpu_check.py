@@ -306,7 +306,7 @@ def check_vllm(rep: Report, device: str, workdir: Path) -> None:
         return float(gap.abs().mean()), float(torch.exp(gap.clamp(max=20.0)).clamp(max=cap).mean())
 
     try:
-        engine.sync_weights(model)  # as dppo.rollout.make_rollout_engine does
+        engine.sync_weights(model)  # as VLLMRollout.from_config does
         torch.manual_seed(0)
         first = engine.generate(prompts, params)
         gap, _ = measure(first, model)

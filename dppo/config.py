@@ -17,15 +17,15 @@ import torch
 import yaml
 
 from dppo.composition import REFILL_MODES
-from dppo.errors import ConfigError
+from dppo.errors import ConfigError, hub_hint
 from dppo.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 from dppo.pruning import INCLUSION_RULES, NORMALISERS, PRUNER_FIELDS, PRUNERS, SAMPLING_MODES, SIZE_PROXIES
 from dppo.reward import ANSWER_FORMATS
+from dppo.rollout import ROLLOUT_BACKENDS
+from dppo.scoring import COMPUTE_DTYPES
 
 
 BUILTIN_DATASETS = ("embedded", "arithmetic")  # dppo.task (the embedded models' task), dppo.arithmetic (real models')
-# config dtype -> the autocast compute dtype over fp32 master weights (None: plain fp32)
-COMPUTE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 
@@ -101,7 +101,7 @@ class TrainConfig:
     loss_type: str = _f(None, "Surrogate: token-level clipped ratio, or GSPO's sequence-level ratio (§2.2).",
                         choices=tuple(POLICY_LOSSES))
     loss_agg: str = _f(None, "Loss aggregation (docs/method.md §2.2; TRL grpo = seq-mean-token-mean, dr_grpo = "
-                       "seq-mean-token-sum-norm, dapo = token-mean).", choices=tuple(AGGREGATIONS))
+                       "seq-mean-token-sum-norm, dapo = token-mean).", choices=AGGREGATIONS.keys())  # live: a registered aggregation is a choice
     clip_low: float = _f(None, "Lower clip range epsilon_low of the ratio.")
     clip_high: float = _f(None, "Upper clip range epsilon_high (DAPO clip-higher when larger than clip_low).")
     kl_coef: float = _f(0.0, "Coefficient beta of the k3 KL penalty to the initial policy (0 = no reference model).")
@@ -173,7 +173,7 @@ class TrainConfig:
                               "training weights; each prompt prefilled once, finished rows dropped: docs/method.md "
                               "§3.4), or vLLM "
                               "colocated in this process with the weights pushed after every optimizer step.",
-                              choices=("hf", "vllm"))
+                              choices=ROLLOUT_BACKENDS.keys())
     vllm_gpu_memory_utilization: float = _f(0.3, "vllm: share of GPU memory for vLLM's weights and KV cache (it "
                                             "sleeps during the update).")
     vllm_tensor_parallel_size: int = _f(1, "vllm: GPUs per engine.")
@@ -359,13 +359,6 @@ class TrainConfig:
         if path is not None and "output_dir" not in d:  # a config file without a run folder: runs/<its name>
             d["output_dir"] = f"runs/{Path(path).stem}"
         return cls.from_dict(d)
-
-
-def hub_hint(value: str, lead: str = "; ") -> str:
-    """"; a hub id is written hf:<id>" when `value` looks like one (org/name, not a data file's name), else ""."""
-    looks_like_hub = value.count("/") == 1 and not value.startswith((".", "/")) and \
-        Path(value).suffix not in (".jsonl", ".json", ".parquet", ".csv", ".txt")  # a version like Qwen3-0.6B is not a file
-    return f"{lead}a hub id is written hf:{value}" if looks_like_hub else ""
 
 
 def _check(ok: bool, name: str, allowed: str, value) -> None:

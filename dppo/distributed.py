@@ -87,7 +87,7 @@ def fsdp_mixed_precision(dtype: str):
     the empty policy (fp32 all-gathers, as without one)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from dppo.config import COMPUTE_DTYPES
+    from dppo.scoring import COMPUTE_DTYPES
 
     compute = COMPUTE_DTYPES[dtype]
     if compute is None:

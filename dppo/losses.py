@@ -2,18 +2,42 @@
 
 Shapes: B prompts, G completions each, N = B*G rows (row = b*G + i), T completion tokens (padded).
 Functions are registered by name (ADVANTAGES, POLICY_LOSSES, AGGREGATIONS); the config's choices are
-these registries' keys.
+these registries' keys. An aggregation also carries what pruning needs to know of it (`Aggregation`): what its
+normaliser counts and whether it divides a completion's loss by its length, so a new one is one registered entry.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import torch
 
+
+@dataclass(frozen=True)
+class Aggregation:
+    """A loss aggregation L = sum_n w_n l_n / Z (docs/method.md §2.2) and the two facts pruning asks of it.
+
+    `reduce(token_loss [N, T], mask [N, T], sample_weight [N], normaliser, max_len) -> []` computes L;
+    `counts_tokens`: Z counts completion tokens (True) or completions (False), so each completion's share of Z is
+    `units(lengths)` (§2.6); `divides_by_length`: l_n is divided by the completion's own length |o_n|, so the
+    size proxy of ||grad l_n|| is too (§2.10). Calling it calls `reduce`."""
+    reduce: Callable[..., torch.Tensor]
+    counts_tokens: bool
+    divides_by_length: bool
+
+    def __call__(self, token_loss: torch.Tensor, mask: torch.Tensor, sample_weight: torch.Tensor,
+                 normaliser: float, max_len: int = 0) -> torch.Tensor:
+        return self.reduce(token_loss, mask, sample_weight, normaliser, max_len)
+
+    def units(self, lengths: torch.Tensor) -> torch.Tensor:
+        """Each completion's share of Z (float64, lengths' shape): its token count, or 1."""
+        return lengths.to(torch.float64) if self.counts_tokens else torch.ones_like(lengths, dtype=torch.float64)
+
+
 ADVANTAGES: dict[str, Callable] = {}
 POLICY_LOSSES: dict[str, Callable] = {}
-AGGREGATIONS: dict[str, Callable] = {}
+AGGREGATIONS: dict[str, Aggregation] = {}
 
 # |log pi/pi_old| is clamped to this before exp (as verl), so one stale token cannot overflow the ratio
 LOG_RATIO_CLAMP = 20.0
@@ -105,7 +129,16 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> tor
 
 
 # ---------------------------------------------------------------- aggregation (§2.2)
-@_register(AGGREGATIONS, "seq-mean-token-mean")
+def register_aggregation(name: str, *, counts_tokens: bool, divides_by_length: bool):
+    """Decorator: AGGREGATIONS[name] = Aggregation(fn, counts_tokens, divides_by_length) (the config's choices,
+    pruning's normalisers and size proxies, and dppo.trl read it from there)."""
+    def deco(fn):
+        AGGREGATIONS[name] = Aggregation(fn, counts_tokens, divides_by_length)
+        return fn
+    return deco
+
+
+@register_aggregation("seq-mean-token-mean", counts_tokens=False, divides_by_length=True)
 def seq_mean_token_mean(token_loss: torch.Tensor, mask: torch.Tensor, sample_weight: torch.Tensor,
                         normaliser: float, max_len: int = 0) -> torch.Tensor:
     """L = sum_n w_n * (sum_t l_{n,t} / |o_n|) / Z  (Z: docs/method.md §2.6).  [N, T], [N, T], [N] -> []."""
@@ -113,7 +146,7 @@ def seq_mean_token_mean(token_loss: torch.Tensor, mask: torch.Tensor, sample_wei
     return (sample_weight.to(per_seq.dtype) * per_seq).sum() / normaliser
 
 
-@_register(AGGREGATIONS, "seq-mean-token-sum-norm")
+@register_aggregation("seq-mean-token-sum-norm", counts_tokens=False, divides_by_length=False)
 def seq_mean_token_sum_norm(token_loss: torch.Tensor, mask: torch.Tensor, sample_weight: torch.Tensor,
                             normaliser: float, max_len: int = 0) -> torch.Tensor:
     """Dr. GRPO: L = sum_n w_n * (sum_t l_{n,t} / L_max) / Z, L_max = max_new_tokens.  -> []."""
@@ -123,7 +156,7 @@ def seq_mean_token_sum_norm(token_loss: torch.Tensor, mask: torch.Tensor, sample
     return (sample_weight.to(per_seq.dtype) * per_seq).sum() / normaliser
 
 
-@_register(AGGREGATIONS, "token-mean")
+@register_aggregation("token-mean", counts_tokens=True, divides_by_length=False)
 def token_mean(token_loss: torch.Tensor, mask: torch.Tensor, sample_weight: torch.Tensor,
                normaliser: float, max_len: int = 0) -> torch.Tensor:
     """DAPO: L = sum_n w_n sum_t l_{n,t} / Z with Z a token count fixed before the masks are drawn

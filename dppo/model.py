@@ -37,6 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dppo import progress
+from dppo.errors import hub_hint
 
 # Everything that determines the embedded model; its hash names the cache directory.
 EMBEDDED_SPEC = {
@@ -349,7 +350,6 @@ def resolve_model_path(name_or_path: str) -> str:
     if name_or_path.startswith("hf:"):
         return name_or_path[3:]
     if not Path(name_or_path).is_dir():
-        from dppo.config import hub_hint
 
         raise ValueError(f"model_name_or_path {name_or_path!r} is not a local directory (use one of "
                          f"{[*EMBEDDED_SPECS, *PACKAGED_MODELS]}, a local model directory, or hf:<repo id> to download"

@@ -12,6 +12,9 @@ boundaries (which would predict the next sequence's first token) are never used.
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass
+
 import torch
 
 from dppo.scoring import as_scorer, model_device, scatter_completions
@@ -65,6 +68,13 @@ def token_groups(lengths: list[int], budget: int) -> list[list[int]]:
     return groups
 
 
+def one_row_kernel(attn_implementation: str) -> bool:
+    """Whether the attention kernel takes a packed micro-batch as ONE row: flash-attn's varlen kernel, whose
+    cu_seqlens transformers derives from restarting position ids only for a batch of one row (several rows would let
+    sequences attend across each other). The one place dppo decides it."""
+    return attn_implementation.startswith("flash_attention")
+
+
 def _attention_kernel(scorer) -> str:
     """The attn_implementation of a (possibly DDP-wrapped) TokenLogprobs' causal LM."""
     policy = getattr(scorer, "module", scorer).policy
@@ -73,24 +83,113 @@ def _attention_kernel(scorer) -> str:
 
 def packed_layout(lengths: list[int], capacity: int, attn_implementation: str = "sdpa") -> list[list[int]]:
     """Rows of sequence indices handed to the attention kernel. sdpa / eager: best-fit-decreasing rows of <=
-    `capacity` tokens (the block-diagonal mask comes from the restarting position ids). flash_attention_2:
-    every sequence in ONE row, because transformers derives the varlen cu_seqlens from restarting position
-    ids only for a batch of one row; several rows would let sequences attend across each other."""
-    if attn_implementation.startswith("flash_attention"):
+    `capacity` tokens (the block-diagonal mask comes from the restarting position ids); a one-row kernel
+    (flash_attention_2): every sequence in ONE row, longest first."""
+    if one_row_kernel(attn_implementation):
         return [sorted(range(len(lengths)), key=lambda i: -lengths[i])]
     return pack_rows(lengths, capacity)
 
 
+# ------------------------------------------------------------------ an update's micro-batches, planned once
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch: `layout` = the scored tensor's rows -> their segments -> sequence indices (the caller's row
+    numbers). A segment is one prompt computation: one sequence, or with shared prompts one group's sequences (its
+    prompt once). Padded (packing none): a row per sequence."""
+    layout: list[list[list[int]]]
+
+    @property
+    def rows(self) -> list[int]:
+        """The sequences scored, in layout order."""
+        return [i for row in self.layout for seg in row for i in seg]
+
+    @property
+    def segments(self) -> list[list[int]]:
+        return [seg for row in self.layout for seg in row]
+
+    def segment_lengths(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]
+                        ) -> list[tuple[int, list[int]]]:
+        """(prompt length, completion lengths) of each prompt computation (what its FLOPs count, `dppo.cost`)."""
+        return [(len(prompt_ids[seg[0]]), [len(completion_ids[i]) for i in seg]) for seg in self.segments]
+
+    def local_layout(self) -> list[list[list[int]]]:
+        """The layout with each sequence's position in `rows` (what a scorer given the rows' ids indexes)."""
+        where = {i: n for n, i in enumerate(self.rows)}
+        return [[[where[i] for i in seg] for seg in row] for row in self.layout]
+
+
+@dataclass(frozen=True)
+class MicroBatchPlan:
+    """How an update lays out and splits its rows (docs/method.md §3.2-3.3), fixed for a run by the packing mode,
+    the attention kernel and the token budgets. `micro_batches` returns each micro-batch with the rows its scorer
+    lays out, so what is scored is what was planned:
+
+      none    `micro_batch_size` sequences a micro-batch, padded to the longest;
+      dense   best-fit-decreasing rows of <= `capacity` tokens over the whole minibatch (`pack_rows`, so only its
+              last rows are part-full), whole rows grouped into micro-batches of <= `token_budget` tokens; with a
+              one-row kernel (flash-attn) the sequences grouped greedily into micro-batches of <= `token_budget`
+              tokens (`token_groups`), each micro-batch one row;
+      shared  as dense on sdpa / eager, each group's sequences one segment (its prompt once, §3.3). A one-row
+              kernel cannot share a prompt (that needs a 4-D mask): `for_run` plans dense then, with a warning."""
+    packing: str  # "none" | "dense" | "shared"
+    one_row: bool  # the attention kernel takes a micro-batch as one row (`one_row_kernel`)
+    capacity: int  # tokens of a packed row (pack_capacity)
+    token_budget: int  # tokens of a packed micro-batch (micro_batch_tokens)
+    micro_batch_size: int  # sequences of a padded micro-batch
+
+    @classmethod
+    def for_run(cls, packing: str, attn_implementation: str, capacity: int, token_budget: int,
+                micro_batch_size: int) -> "MicroBatchPlan":
+        one_row = one_row_kernel(attn_implementation)
+        if packing == "shared" and one_row:
+            warnings.warn(f"packing 'shared' with attn_implementation {attn_implementation} packs densely (flash-attn's "
+                          "varlen kernel cannot share a prompt between sequences; docs/method.md §3.3)", stacklevel=3)
+            packing = "dense"
+        return cls(packing, one_row, capacity, token_budget, micro_batch_size)
+
+    def segments(self, rows: list[int], groups: list[int]) -> list[list[int]]:
+        """`rows` as prompt computations: grouped by `groups[i]` (the prompt row i answers) when shared, in order of
+        first appearance; else one each."""
+        if self.packing != "shared":
+            return [[i] for i in rows]
+        return [[rows[j] for j in seg] for seg in group_segments([groups[i] for i in rows])]
+
+    def micro_batches(self, rows: list[int], prompt_lengths: list[int], completion_lengths: list[int],
+                      groups: list[int]) -> list[MicroBatch]:
+        """The micro-batches of `rows` (indices into the lengths and `groups`)."""
+        segs = self.segments(rows, groups)
+        size = [prompt_lengths[s[0]] + sum(completion_lengths[i] for i in s) for s in segs]
+        if self.packing == "none":
+            step = self.micro_batch_size
+            return [MicroBatch([[s] for s in segs[k: k + step]]) for k in range(0, len(segs), step)]
+        if self.one_row:
+            return [MicroBatch([[segs[j] for j in g]]) for g in token_groups(size, self.token_budget)]
+        out, cur, tokens = [], [], 0
+        for b in pack_rows(size, self.capacity):
+            n = sum(size[j] for j in b)
+            if cur and tokens + n > self.token_budget:
+                out.append(MicroBatch(cur))
+                cur, tokens = [], 0
+            cur.append([segs[j] for j in b])
+            tokens += n
+        return out + ([MicroBatch(cur)] if cur else [])
+
+
 def packed_completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
-                               temperature: float, capacity: int) -> tuple[torch.Tensor, int]:
+                               temperature: float, capacity: int, layout: list[list[int]] | None = None
+                               ) -> tuple[torch.Tensor, int]:
     """(logp [N, Tc] of each completion token in the input order, token slots processed).
 
-    One forward of the decoder over the packed rows (`packed_layout` for the model's attention kernel), then
-    the selective log-softmax at the completion positions (`scoring.TokenLogprobs`; `model` a causal LM or a
-    wrapped TokenLogprobs); gradients flow outside `torch.no_grad()`."""
+    One forward of the decoder over the packed rows — `layout` (rows of sequence indices, a `MicroBatchPlan`'s),
+    or `packed_layout` for the model's attention kernel — then the selective log-softmax at the completion
+    positions (`scoring.TokenLogprobs`; `model` a causal LM or a wrapped TokenLogprobs); gradients flow outside
+    `torch.no_grad()`."""
     lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
     scorer = as_scorer(model)
-    bins = packed_layout(lengths, capacity, _attention_kernel(scorer))
+    kernel = _attention_kernel(scorer)
+    bins = packed_layout(lengths, capacity, kernel) if layout is None else layout
+    if one_row_kernel(kernel) and len(bins) > 1:
+        raise ValueError(f"attn_implementation {kernel} takes a packed micro-batch as one row, got {len(bins)} rows")
     width = max(sum(lengths[i] for i in b) for b in bins)
     ids = torch.full((len(bins), width), pad_id, dtype=torch.long)
     pos = torch.zeros((len(bins), width), dtype=torch.long)
@@ -127,13 +226,15 @@ def group_segments(groups: list[int]) -> list[list[int]]:
     return list(out.values())
 
 
-def shared_prompt_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], groups: list[int],
-                           pad_id: int, temperature: float, capacity: int) -> tuple[torch.Tensor, int]:
+def shared_prompt_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                           groups: list[int] | None, pad_id: int, temperature: float, capacity: int,
+                           layout: list[list[list[int]]] | None = None) -> tuple[torch.Tensor, int]:
     """(logp [N, Tc] of each completion token in the input order, token slots processed), each group's prompt
     computed once (docs/method.md §3.3).
 
     A group (the kept completions of one prompt; `groups[i]` names sequence i's) becomes one segment
-    [prompt, o_1, ..., o_k]; segments are packed into rows of <= `capacity` tokens by best-fit-decreasing. Position
+    [prompt, o_1, ..., o_k]; segments are packed into rows of <= `capacity` tokens by best-fit-decreasing, or as
+    `layout` gives them (rows -> segments -> sequence indices, a `MicroBatchPlan`'s; `groups` unused). Position
     ids of o_j continue from the prompt (P, P+1, ...), and a 4-D mask lets token a see token b iff they share a
     segment, b is not after a, and b is a prompt token or in a's completion: the same logits as scoring each
     (prompt, o_j) alone. The log-prob of o_j's first token is read at the prompt's last position (shared by the
@@ -142,12 +243,16 @@ def shared_prompt_logprobs(model, prompt_ids: list[list[int]], completion_ids: l
     `flash_attention_2` is refused."""
     scorer = as_scorer(model)
     attn = _attention_kernel(scorer)
-    if attn.startswith("flash_attention"):
+    if one_row_kernel(attn):
         raise ValueError("packing 'shared' needs attn_implementation sdpa or eager (flash-attn's varlen kernel "
                          "cannot share a prompt between sequences)")
-    segments = group_segments(groups)
+    segments = group_segments(groups) if layout is None else [seg for row in layout for seg in row]
     seg_len = [len(prompt_ids[seg[0]]) + sum(len(completion_ids[i]) for i in seg) for seg in segments]
-    bins = pack_rows(seg_len, capacity)
+    if layout is None:
+        bins = pack_rows(seg_len, capacity)
+    else:  # row r holds the next len(layout[r]) segments
+        ends = [sum(len(row) for row in layout[: r + 1]) for r in range(len(layout))]
+        bins = [list(range(end - len(row), end)) for row, end in zip(layout, ends)]
     width = max(sum(seg_len[s] for s in b) for b in bins)
     ids = torch.full((len(bins), width), pad_id, dtype=torch.long)
     pos = torch.zeros((len(bins), width), dtype=torch.long)

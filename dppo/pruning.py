@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 
-from dppo.losses import ADVANTAGES
+from dppo.losses import ADVANTAGES, AGGREGATIONS
 
 SAMPLING_MODES = ("bernoulli", "fixed_count")
 NORMALISERS = ("covered", "fixed")
@@ -171,19 +171,19 @@ def unbiased_normaliser(loss_agg: str, prompt_pi: torch.Tensor, prompt_keep: tor
     """Z of the re-weighted loss, fixed before the masks are drawn (given the history and the rollouts).
 
     prompt_pi, prompt_keep, est_lengths [S] over the covered prompts; rolled_lengths [K, G] completion
-    lengths of the rolled-out (kept) prompts, in order.
-      * seq-mean aggregations: Z = |S| G;
-      * token-mean: Z = sum_{b: pi_b = 1} T_b + sum_{b: pi_b < 1} G len_b, T_b = the tokens of b's G
-        completions (rolled out for certain, pruned or kept by the completion stage), len_b = b's mean
-        completion length at its last visit (a prompt that may be pruned has no token count that does not
-        depend on the mask). With no prompt candidates Z is DAPO's token count of the whole batch.
-      * mode "fixed": Z * prompts_per_step / |S| (= B G for seq-mean: epoch-level exactness, §2.6)."""
+    lengths of the rolled-out (kept) prompts, in order. With u(o) a completion's share of Z (the aggregation's
+    `units`: 1, or its token count |o|):
+
+        Z = sum_{b: pi_b = 1} sum_i u(o_{b,i}) + sum_{b: pi_b < 1} G u(len_b)
+
+    len_b = b's mean completion length at its last visit (a prompt that may be pruned has no token count that does
+    not depend on the mask). Counting completions this is |S| G; counting tokens, with no prompt candidates, DAPO's
+    token count of the whole batch. Mode "fixed": Z * prompts_per_step / |S| (= B G for seq-mean: epoch-level
+    exactness, §2.6)."""
     S, G = prompt_keep.numel(), rolled_lengths.shape[1]
-    if loss_agg == "token-mean":
-        certain = prompt_pi[prompt_keep] >= 1.0  # [K]: prompts rolled out whatever the mask
-        z = float(rolled_lengths[certain].sum()) + G * float(est_lengths[prompt_pi < 1.0].sum())
-    else:
-        z = float(S * G)
+    units = AGGREGATIONS[loss_agg].units
+    certain = prompt_pi[prompt_keep] >= 1.0  # [K]: prompts rolled out whatever the mask
+    z = float(units(rolled_lengths)[certain].sum()) + G * float(units(est_lengths)[prompt_pi < 1.0].sum())
     if mode == "fixed":
         z *= (prompts_per_step or S) / S
     elif mode != "covered":
@@ -192,10 +192,9 @@ def unbiased_normaliser(loss_agg: str, prompt_pi: torch.Tensor, prompt_keep: tor
 
 
 def kept_normaliser(loss_agg: str, keep: torch.Tensor, rolled_lengths: torch.Tensor) -> float:
-    """The biased baselines' plain mean over what they keep: kept rows, or kept tokens for token-mean."""
-    if loss_agg == "token-mean":
-        return float(max(1, int(rolled_lengths[keep].sum())))
-    return float(max(1, int(keep.sum())))
+    """The biased baselines' plain mean over what they keep: sum of u(o) over the kept rows (kept rows, or kept
+    tokens for an aggregation that counts tokens), at least 1."""
+    return max(1.0, float(AGGREGATIONS[loss_agg].units(rolled_lengths)[keep].sum()))
 
 
 # ------------------------------------------------------------------ pruners, each with its own settings
@@ -212,6 +211,15 @@ class Pruner:
 
     weighted = True  # 1/pi weights over an unbiased normaliser (False: plain mean over what is kept)
     refill_rounds = 1  # rollout rounds a step may take (DAPO dynamic sampling refills)
+    # config field -> this pruner's setting: the pruning fields it reads (set away from its default on a pruner that
+    # does not read it, a field is a config error), and the run's settings it reads too (not its own: kl_coef, ...)
+    config_fields: ClassVar[dict[str, str]] = {}
+    run_fields: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def from_config(cls, cfg) -> "Pruner":
+        """This pruner with its settings from a TrainConfig-like `cfg` (`config_fields` and `run_fields`)."""
+        return cls(**{mine: getattr(cfg, name) for name, mine in {**cls.config_fields, **cls.run_fields}.items()})
 
     def prompts_to_cover(self, batch_prompts: int) -> int:
         """How many prompts a step takes from the data stream (B; CPPO's allocation takes more)."""
@@ -274,6 +282,11 @@ class DPPO(Pruner):
     uniform_mix: float = 0.25  # lambda: pi = (1 - lambda) pi_proportional + lambda pi_uniform
     kl_coef: float = 0.0  # beta: with beta > 0 no row's loss is zero for every theta
     loss_agg: str = "seq-mean-token-mean"
+    config_fields: ClassVar[dict[str, str]] = {
+        "prompt_prune_rate": "prompt_rate", "completion_prune_rate": "completion_rate", "prune_sampling": "sampling",
+        "prompt_candidate_rule": "prompt_rule", "abs_adv_threshold": "abs_adv_threshold", "inclusion": "inclusion",
+        "inclusion_floor": "inclusion_floor", "size_proxy": "size_proxy", "uniform_mix": "uniform_mix"}
+    run_fields: ClassVar[dict[str, str]] = {"kl_coef": "kl_coef", "loss_agg": "loss_agg"}
     kl_estimate: float = 0.0  # the last step's mean per-token KL to the reference (the KL term's size proxy)
 
     def prompt_candidates(self, keys: list[int], history) -> torch.Tensor:
@@ -312,7 +325,7 @@ class DPPO(Pruner):
                         logit_grad: torch.Tensor | None = None) -> torch.Tensor:
         """s [B, G], the proxy of ||grad l_{b,i}|| known after rollout (§2.10):
 
-            s = sqrt(A^2 + 2 beta^2 k) * F / (|o| for seq-mean-token-mean, 1 for the token-sum aggregations)
+            s = sqrt(A^2 + 2 beta^2 k) * F / (|o| if the aggregation divides by the length, else 1)
 
         with F = SIZE_PROXIES[size_proxy](lengths, logit_grad) and k the last step's per-token KL (beta (1 - e^d)
         is the k3 term's per-token coefficient, of root mean square ~ beta sqrt(2k); it adds in quadrature to A's
@@ -323,7 +336,7 @@ class DPPO(Pruner):
         lengths = torch.ones_like(adv, dtype=torch.float64) if lengths is None else lengths.to(torch.float64)
         coef = (adv.to(torch.float64).square() + 2 * self.kl_coef ** 2 * self.kl_estimate).sqrt()
         per_sequence = SIZE_PROXIES[self.size_proxy](lengths, logit_grad)
-        if self.loss_agg not in ("seq-mean-token-sum-norm", "token-mean"):
+        if AGGREGATIONS[self.loss_agg].divides_by_length:
             per_sequence = per_sequence / lengths.clamp(min=1)
         return coef * per_sequence
 
@@ -374,6 +387,8 @@ class CPPO(Pruner):
     per_group: bool = True
     allocation: bool = True  # roll out ceil(B / (1 - P)) prompts so ~B*G completions train
     weighted = False
+    config_fields: ClassVar[dict[str, str]] = {"completion_prune_rate": "prune_rate", "cppo_per_group": "per_group",
+                                               "cppo_allocation": "allocation"}
 
     def prompts_to_cover(self, batch_prompts):
         return math.ceil(batch_prompts / (1 - self.prune_rate)) if self.allocation else batch_prompts
@@ -452,6 +467,7 @@ class DAPOFilter(Pruner):
     informative (at most `max_rounds` rounds), train the first B; no weights."""
     max_rounds: int = 4
     weighted = False
+    config_fields: ClassVar[dict[str, str]] = {"dapo_max_rounds": "max_rounds"}
 
     @property
     def refill_rounds(self):
@@ -471,31 +487,16 @@ class DAPOFilter(Pruner):
 # name -> class; the config's `pruner` choices are these keys
 PRUNERS: dict[str, type[Pruner]] = {"none": Pruner, "dppo": DPPO, "dppo_biased": BiasedDPPO, "cppo": CPPO,
                                     "greso": GRESO, "dapo_filter": DAPOFilter}
-# the config fields each pruner reads (anything else set away from its default is an error in the config)
-PRUNER_FIELDS: dict[str, tuple[str, ...]] = {
-    "dppo": ("prompt_prune_rate", "completion_prune_rate", "prune_sampling", "prompt_candidate_rule",
-             "abs_adv_threshold", "inclusion", "inclusion_floor", "size_proxy", "uniform_mix"),
-    "cppo": ("completion_prune_rate", "cppo_per_group", "cppo_allocation"),
-    "dapo_filter": ("dapo_max_rounds",),
-}
-PRUNER_FIELDS["dppo_biased"] = PRUNER_FIELDS["dppo"]
+# the pruning fields each pruner reads (anything else set away from its default is an error in the config)
+PRUNER_FIELDS: dict[str, tuple[str, ...]] = {name: tuple(cls.config_fields) for name, cls in PRUNERS.items()
+                                             if cls.config_fields}
 
 
 def build_pruner(cfg) -> Pruner:
     """The pruner named by `cfg.pruner`, given only its own settings from the config's fields."""
     if cfg.pruner not in PRUNERS:
         raise ValueError(f"config field 'pruner' must be one of {list(PRUNERS)}, got {cfg.pruner!r}")
-    if cfg.pruner in ("dppo", "dppo_biased"):
-        return PRUNERS[cfg.pruner](prompt_rate=cfg.prompt_prune_rate, completion_rate=cfg.completion_prune_rate,
-                                   sampling=cfg.prune_sampling, prompt_rule=cfg.prompt_candidate_rule,
-                                   abs_adv_threshold=cfg.abs_adv_threshold, inclusion=cfg.inclusion,
-                                   inclusion_floor=cfg.inclusion_floor, size_proxy=cfg.size_proxy,
-                                   uniform_mix=cfg.uniform_mix, kl_coef=cfg.kl_coef, loss_agg=cfg.loss_agg)
-    if cfg.pruner == "cppo":
-        return CPPO(prune_rate=cfg.completion_prune_rate, per_group=cfg.cppo_per_group, allocation=cfg.cppo_allocation)
-    if cfg.pruner == "dapo_filter":
-        return DAPOFilter(max_rounds=cfg.dapo_max_rounds)
-    return PRUNERS[cfg.pruner]()
+    return PRUNERS[cfg.pruner].from_config(cfg)
 
 
 # ------------------------------------------------------------------ one pruning step

@@ -10,14 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from dppo.studies import PAPER
+from dppo.studies import PAPER, TABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- results-table: generated from figures/*.csv by `.venv/bin/python -m dppo.readme` -->"
 END = "<!-- /results-table -->"
 KEPT_MARGIN = 5.0  # points: a gain interval that holds 0 says "kept" only when it also excludes losses beyond this
-TABLES = {"R1": "R1_real_model", "T1": "T1_main_results", "T2": "T2_algorithms", "T3": "T3_scale", "T4": "T4_ablations",
-          "T5": "T5_sensitivity"}
 
 
 def _value(row: pd.Series, column: str, unit: str = "", sign: str = "") -> str:
@@ -161,19 +159,17 @@ def _f4(figures: Path) -> str:
 
 
 def results_table(figures: Path = ROOT / "figures") -> str:
-    """Markdown table: per table (R1 on the real model, T1-T5), its seeds, what dppo measured at CPU scale, the verdict
-    and what the paper reports; then F3 (one batch for the variance and bias, 10 for the proportional rule) and F4
-    (one step)."""
-    from dppo.studies import T2_BASE, T3_BASE
-
+    """Markdown table: per table of the study registry (`dppo.studies.TABLES`: T1-T5, R1 on the real model), its seeds,
+    what dppo measured at CPU scale, the verdict and what the paper reports; then F3 (one batch for the variance and
+    bias, 10 for the proportional rule) and F4 (one step)."""
     lines = ["| table | seeds | measured here (vs the row's GRPO-family baseline) | verdict | paper (GPU scale) |",
              "| --- | --- | --- | --- | --- |"]
     quoted: dict[str, str] = {}  # a claim of the paper -> the first row that quoted it (later rows say "as R1")
-    for table, name in TABLES.items():
+    for table, recipe in TABLES.items():
+        name, base_of = recipe.name, recipe.baseline
         df = pd.read_csv(figures / f"{name}.csv").set_index("label")
         per_seed = pd.read_csv(figures / f"{name}_seeds.csv")
         seeds = per_seed["seed"].nunique()
-        base_of = {"T2": T2_BASE, "T3": T3_BASE}.get(table, {})
         rows = df[~((df["speedup"] == 1) & (df["acc_gain"] == 0))]  # every row but the baselines
         if table == "T5":  # the r_q x r_o grid: its range
             what = (f"over r_q, r_o in {{0.3, 0.5, 0.7}}: {rows['speedup'].min():.2f}x-{rows['speedup'].max():.2f}x "
@@ -185,10 +181,10 @@ def results_table(figures: Path = ROOT / "figures") -> str:
             judged = [label for label in rows.index if label.startswith("DPPO") or label.endswith("+ DPPO")]
         if table == "R1":  # the real model: its pooled accuracies and the equal-compute speed-up
             what += "; " + _real(figures, name, df, per_seed)
-        bases = dict.fromkeys(base_of.get(label, "GRPO") for label in judged)
+        bases = dict.fromkeys(base_of(label) for label in judged)
         verdicts: dict[str, list[str]] = {}  # rows with the same verdict share it
         for label in judged:
-            verdicts.setdefault(verdict(df, per_seed, label, base_of.get(label, "GRPO")), []).append(label)
+            verdicts.setdefault(verdict(df, per_seed, label, base_of(label)), []).append(label)
         said = learning(per_seed, bases) + ". " + "; ".join(f"{' / '.join(labels)}: {v}"
                                                            for v, labels in verdicts.items())
         contradicted = against_paper(table, df)

@@ -145,6 +145,8 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
     (`dppo.paired`), so a burst of load hits both sides of each speed-up alike (all of them held in memory at once:
     the embedded models are small); launched runs (one process group each), GPU runs and vLLM runs go one after the
     other. Progress goes to the progress file (`dppo.progress`)."""
+    from dppo.rollout import rollout_backend
+
     root = study_root(root, smoke, profile)
     todo = [(label, cfg, over, root / sub) for label, specs in runs_for(layout, seeds).items() for cfg, over, sub in specs]
     out: dict[str, list[Path]] = {}
@@ -157,7 +159,7 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
             progress.note(f"{label}, seed {over['seed']}: finished earlier ({folder.relative_to(root)})")
             continue
         # in turn: CPU runs in this process (on a GPU each run needs the device's memory for itself)
-        together = not launch and cfg.rollout_backend == "hf" and not _cuda()
+        together = not launch and rollout_backend(cfg.rollout_backend).samples_training_model and not _cuda()
         groups.setdefault(("seed", cfg.seed) if together else ("alone", i), []).append((label, cfg))
     trained = 0.0
     for n, group in enumerate(groups.values(), 1):
@@ -184,6 +186,15 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def finished(run_dir: str | Path) -> bool:
+    """Whether a run folder holds a run trained to its end: its metrics' last line carries the evaluation every run
+    makes after its last step (a run stopped part-way ends on a training step; final/ need not be there: results
+    copied from a cluster may leave the weights behind)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    lines = read_metrics(path) if path.is_file() else []
+    return bool(lines) and "eval/avg" in lines[-1]
 
 
 def load_run(run_dir: str | Path) -> pd.DataFrame:

@@ -12,6 +12,7 @@ recomputes; only the sampled token's value is kept, never a step's full-vocabula
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from dataclasses import dataclass
 from functools import partial
@@ -21,7 +22,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from dppo.distributed import full_state_items, is_sharded, unshard
-from dppo.scoring import at_least_fp32, model_device
+from dppo.scoring import COMPUTE_DTYPES, at_least_fp32, model_device
 
 
 @dataclass
@@ -227,8 +228,15 @@ class HFRollout:
     per call, on the model's device, under `autocast_dtype` (e.g. bf16 compute over fp32 master weights) when
     given."""
 
+    samples_training_model = True
+
     def __init__(self, model, tokenizer, batch_size: int = 256, autocast_dtype: torch.dtype | None = None):
         self.model, self.tok, self.batch_size, self.autocast_dtype = model, tokenizer, batch_size, autocast_dtype
+
+    @classmethod
+    def from_config(cls, cfg, model, tokenizer, prompts: list[str]) -> "HFRollout":
+        """`rollout_batch_size` rows a call, under the compute dtype's autocast (`prompts` are not needed)."""
+        return cls(model, tokenizer, cfg.rollout_batch_size, COMPUTE_DTYPES[cfg.dtype])
 
     def sleep(self) -> None:
         """Nothing to free: generation runs on the training model (or its copy under FSDP)."""
@@ -269,35 +277,22 @@ class HFRollout:
         return out
 
 
-def make_rollout_engine(backend: str, model, tokenizer, batch_size: int, autocast_dtype: torch.dtype | None = None,
-                        model_path: str | None = None, **vllm_settings) -> RolloutEngine:
-    """The rollout engine named by the config field `rollout_backend`: `hf` samples from `model` itself; `vllm`
-    starts from `model_path` and receives `model`'s weights before its first generation."""
-    if backend == "hf":
-        return HFRollout(model, tokenizer, batch_size, autocast_dtype)
-    if backend == "vllm":
-        from dppo.vllm_rollout import VLLMRollout
+# rollout backends by name (the config's `rollout_backend`): "module:Class" imported when chosen, as verl's rollout
+# registry does, so a backend's module (vLLM's) is imported only when used and no backend module imports another.
+# A backend class has `from_config(cfg, model, tokenizer, prompts)` and says whether it samples from the training
+# model's own weights (`samples_training_model`: runs can then share a process; under FSDP it needs a full copy).
+ROLLOUT_BACKENDS: dict[str, str] = {"hf": "dppo.rollout:HFRollout", "vllm": "dppo.vllm_rollout:VLLMRollout"}
 
-        engine = VLLMRollout(model_path, tokenizer, **vllm_settings)
-        engine.sync_weights(model)
-        return engine
-    raise ValueError(f"config field 'rollout_backend' must be one of ['hf', 'vllm'], got {backend!r}")
+
+def rollout_backend(name: str) -> type:
+    """The engine class registered as `name` in ROLLOUT_BACKENDS (its module imported now)."""
+    if name not in ROLLOUT_BACKENDS:
+        raise ValueError(f"config field 'rollout_backend' must be one of {list(ROLLOUT_BACKENDS)}, got {name!r}")
+    module, cls = ROLLOUT_BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def engine_from_config(cfg, model, tokenizer, prompts: list[str]) -> RolloutEngine:
-    """The engine for a TrainConfig-like `cfg` (its rollout_* / vllm_* fields), for `model` and the `prompts`
-    it will see (vLLM's max_model_len: the longest prompt + max_new_tokens unless set)."""
-    from dppo.config import COMPUTE_DTYPES
-    from dppo.memory_plan import engine_max_num_seqs
-    from dppo.model import resolve_model_path
-
-    autocast = COMPUTE_DTYPES[cfg.dtype]
-    if cfg.rollout_backend != "vllm":
-        return make_rollout_engine(cfg.rollout_backend, model, tokenizer, cfg.rollout_batch_size, autocast)
-    longest = max(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])
-    return make_rollout_engine(
-        "vllm", model, tokenizer, cfg.rollout_batch_size, model_path=resolve_model_path(cfg.model_name_or_path),
-        dtype=cfg.dtype, max_model_len=cfg.vllm_max_model_len or longest + cfg.max_new_tokens,
-        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, tensor_parallel_size=cfg.vllm_tensor_parallel_size,
-        max_num_seqs=engine_max_num_seqs(cfg, torch.distributed.get_world_size() if torch.distributed.is_initialized()
-                                         else 1), seed=cfg.seed)
+    """The engine of the backend `cfg.rollout_backend` for a TrainConfig-like `cfg`, for `model` and the `prompts`
+    it will see."""
+    return rollout_backend(cfg.rollout_backend).from_config(cfg, model, tokenizer, prompts)

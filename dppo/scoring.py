@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import torch
 
+# config dtype -> the autocast compute dtype over fp32 master weights (None: plain fp32)
+COMPUTE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 LOGITS_CHUNK_BYTES = 256 * 2**20  # float32 logits per chunk of the selective log-softmax (CPU)
 CUDA_LOGITS_SHARE = 0.02  # on CUDA: this share of the device's memory, at most 4 GiB (H100: 1.6 GB)
 

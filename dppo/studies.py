@@ -1,6 +1,7 @@
 """The registry of the reproduction (docs/method.md §6): every study, its notebook, the runs it trains, and the tables
-and figures it writes. `./reproduce.sh` (`python -m dppo.studies`), the study notebooks, `paper_figures` and the
-dry run (`dppo.budget`) all read it, so adding a study is one entry here plus its notebook.
+and figures it writes. `./reproduce.sh` (`python -m dppo.studies`), the study notebooks, `paper_figures`, the
+README's results table (`dppo.readme`) and the dry run (`dppo.budget`) all read it, so adding a study is one entry
+here (its `Study`, with a `Table` for each table it writes, and its run layout in `study_layouts`) plus its notebook.
 
 A run layout maps a row label to (YAML config, field overrides, run folder under the results root). `runs_for`
 expands a layout over seeds: seed s trains `<folder>/seed<s>` with `seed: s` (its own training and held-out problems
@@ -15,6 +16,7 @@ import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 # Paths resolve from the package, so notebooks run from anywhere (an editable install inside the repository);
 # a copy of dppo outside a checkout falls back to the working directory.
@@ -24,13 +26,55 @@ RESULTS = ROOT / "experiments" / "results"
 FIGURES = ROOT / "figures"
 
 
+def grpo_baseline(label: str) -> str:
+    """Every row against GRPO (T1, T4, T5, R1)."""
+    return "GRPO"
+
+
+def without_dppo(label: str) -> str:
+    """'X + DPPO' against X (T2: each algorithm with and without DPPO)."""
+    return label.removesuffix(" + DPPO")
+
+
+def grpo_same_model(label: str) -> str:
+    """'M, model' against 'GRPO, model' (T3: each model's own GRPO)."""
+    return f"GRPO, {label.split(', ', 1)[1]}"
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table of a study (docs/method.md §6): figures/<name>.csv, .md and _seeds.csv from the runs of the study's
+    layout `key` (`study_layouts`), each row against `baseline(row label)` of the same seed (`dppo.tables`); the
+    caption is `caption(key)`, the paper's claim `PAPER[key]`. Its study notebook and paper_figures build it with
+    `tables.build`, the README's results table reads its files."""
+
+    key: str  # "T1": the layout, caption and paper claim it belongs to
+    name: str  # "T1_main_results": its files under figures/
+    baseline: Callable[[str], str] = grpo_baseline  # a row label -> the label of the row it is compared with
+    at_equal_compute: bool = False  # also the equal-compute table (<name>_equal_compute.csv)
+    grid: bool = False  # rows r_q=.., r_o=.. (T5): the caption names the grid
+
+    def baselines(self, labels) -> str | dict[str, str]:
+        """The `baseline` argument of tables.table for these row labels: one label for every row, or {label: its}."""
+        base = {label: self.baseline(label) for label in labels}
+        return next(iter(base.values())) if len(set(base.values())) == 1 else base
+
+    def full_caption(self, labels, profile: str = "cpu") -> str:
+        """caption(key) under the profile, with the grid of rates for a grid table."""
+        text = caption(self.key, profile)
+        if self.grid:
+            rates = sorted({float(label.split(",")[0].split("=")[1]) for label in labels if label.startswith("r_q=")})
+            text += f" Grid r_q, r_o in {rates}."
+        return text
+
+
 @dataclass(frozen=True)
 class Study:
     """One notebook of the reproduction and what it regenerates."""
 
     name: str  # notebooks/<name>.ipynb, and the run folders' subdirectory
     title: str
-    tables: tuple[str, ...] = ()
+    tables: tuple[Table, ...] = ()
     figures: tuple[str, ...] = ()
     seeds: tuple[int, ...] = (0,)  # default seeds of the CPU profile
     in_default_run: bool = True  # run by ./reproduce.sh without --study (False: only when named, for its length)
@@ -39,21 +83,27 @@ class Study:
 
 # In the order ./reproduce.sh runs them (case_study reads main_results' checkpoints; paper_figures comes last).
 STUDIES = (
-    Study("main_results", "T1 and F2: GRPO, GRESO, CPPO and DPPO", ("T1_main_results",), ("F2_training_curves",),
-          seeds=(0, 1, 2), cpu_minutes=32.5),
-    Study("algorithms", "T2: GRPO, DAPO and GSPO with and without DPPO", ("T2_algorithms",), cpu_minutes=7),
-    Study("scale", "T3: a larger model with and without DPPO", ("T3_scale",), cpu_minutes=5),
-    Study("ablations", "T4 and T5: ablations and the r_q x r_o grid", ("T4_ablations", "T5_sensitivity"),
-          ("T5_sensitivity_heatmap",), cpu_minutes=8),
+    Study("main_results", "T1 and F2: GRPO, GRESO, CPPO and DPPO",
+          (Table("T1", "T1_main_results", at_equal_compute=True),), ("F2_training_curves",), seeds=(0, 1, 2),
+          cpu_minutes=32.5),
+    Study("algorithms", "T2: GRPO, DAPO and GSPO with and without DPPO", (Table("T2", "T2_algorithms", without_dppo),),
+          cpu_minutes=7),
+    Study("scale", "T3: a larger model with and without DPPO", (Table("T3", "T3_scale", grpo_same_model),),
+          cpu_minutes=5),
+    Study("ablations", "T4 and T5: ablations and the r_q x r_o grid",
+          (Table("T4", "T4_ablations"), Table("T5", "T5_sensitivity", grid=True)), ("T5_sensitivity_heatmap",),
+          cpu_minutes=8),
     Study("gradient_variance", "F3: gradient variance and bias against the pruning rates", (),
           ("F3_gradient_variance",), cpu_minutes=7),
     Study("packing", "F4: Dense Prompt Packing", (), ("F4_packing",), cpu_minutes=0.9),
     Study("case_study", "F5: one problem, each method's answers over training", (), ("F5_case_study",), cpu_minutes=1),
     # a real pretrained LLM on CPU (docs/method.md §4.6): 48 min on 2 cores (2026-12-02), so only by name
-    Study("real_model", "R1: GRPO and DPPO on a real pretrained LLM (SmolLM2-135M-Instruct)", ("R1_real_model",),
-          ("R1_real_model_curves",), seeds=(0, 1, 2), in_default_run=False, cpu_minutes=48),
+    Study("real_model", "R1: GRPO and DPPO on a real pretrained LLM (SmolLM2-135M-Instruct)",
+          (Table("R1", "R1_real_model", at_equal_compute=True),), ("R1_real_model_curves",), seeds=(0, 1, 2),
+          in_default_run=False, cpu_minutes=48),
 )
 BY_NAME = {s.name: s for s in STUDIES}
+TABLES = {t.key: t for s in STUDIES for t in s.tables}  # every table by key, in the registry's order
 FIGURE_F1 = "F1_method_overview"  # drawn by paper_figures itself (no runs)
 
 # What the paper reports (Qwen3, MATH, 8xH100, verl + vLLM; docs/method.md §1), printed beside our numbers.
@@ -180,15 +230,7 @@ def t3_runs(small: str = SMALL, large: str = LARGE) -> dict:
     }
 
 
-def t3_base(labels) -> dict:
-    """Each T3 row's baseline: GRPO on the same model."""
-    return {label: f"GRPO, {label.split(', ', 1)[1]}" for label in labels}
-
-
 T3_RUNS = t3_runs()
-# Which baseline each row is compared with (speed-up, accuracy gain, and acc/start when the row skipped step 0).
-T2_BASE = {label: label.removesuffix(" + DPPO") for label in T2_RUNS}
-T3_BASE = t3_base(T3_RUNS)
 
 SHORT_CAPTION = ("CPU scale, short runs: embedded model, 256 training problems x 2 epochs (32 steps of 16 prompts x 8 "
                  "completions), 2 CPU cores; accuracy = final Pass@1 (%) over 6 held-out splits (64 problems x 4 "

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from dppo.results import load_run, summarize
-from dppo.studies import FIGURES, PAPER, PAPER_GAIN, PAPER_SPEEDUP
+from dppo.studies import FIGURES, PAPER, PAPER_GAIN, PAPER_SPEEDUP, Table, longer_rows
 
 SPEEDUPS = {"speedup": "train_s", "speedup_cpu": "train_cpu_s", "speedup_flops": "train_flops"}
 TIMED = ("speedup", "speedup_cpu")  # the speed-ups a busy machine moves: contended pairs are left out of their means
@@ -281,6 +281,15 @@ def table(runs: dict[str, list[Path]], baseline: str | dict[str, str], name: str
     if at_equal_compute:
         equal_compute_table(runs, baseline, name, out, cpu_columns)
     return summary
+
+
+def build(recipe: Table, layout: dict, runs: dict[str, list[Path]], out: Path = FIGURES,
+          profile: str = "cpu") -> pd.DataFrame:
+    """A study's table from its registry recipe (`studies.Table`), as its study notebook and paper_figures build it:
+    table() over the trained `runs` of `layout` into `out`, each row against its baseline, with the recipe's caption
+    and equal-compute table (the rows that trained past the table's epochs, `studies.longer_rows`, only there)."""
+    return table(runs, recipe.baselines(runs), recipe.name, recipe.full_caption(runs, profile), recipe.key, out,
+                 cpu_columns=profile == "cpu", at_equal_compute=recipe.at_equal_compute, longer=longer_rows(layout))
 
 
 def equal_compute_table(runs: dict[str, list[Path]], baseline: str, name: str, out: Path = FIGURES,

@@ -44,15 +44,18 @@ from dppo.history import PromptHistory
 from dppo.losses import policy_objective, zero_std_groups
 from dppo.machine import LoadMeter, describe, free_cores
 from dppo.model import load_policy
-from dppo.packing import group_segments, pack_rows, packed_completion_logprobs, shared_prompt_logprobs, token_groups
+from dppo.packing import MicroBatch, MicroBatchPlan, packed_completion_logprobs, shared_prompt_logprobs
 from dppo.pruning import NEEDS_LOGPROBS, build_pruner, logit_grad_sizes, prune_step
 from dppo.reward import math_reward
-from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config, gather_rollouts
+from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config, gather_rollouts, rollout_backend
 from dppo.runfiles import (MACHINE_METRICS, RunError, RunWarning, acquire_lock, append_line,  # noqa: F401
                            check_output_dir, checkpoint_state, config_changes, data_fingerprint, json_line,
                            read_jsonl_prefix, read_metrics, release_lock, run_metrics, write_atomic)
 # (read_metrics, run_metrics and MACHINE_METRICS are re-exported: a run folder is read through dppo.runfiles)
 from dppo.scoring import TokenLogprobs, completion_logprobs, pad_completions
+
+# what a rank with fewer micro-batches than the busiest scores (x 0) to keep the collectives in step: kept row 0 alone
+DUMMY_MICRO_BATCH = MicroBatch([[[0]]])
 
 
 class _TiedHeadSaveNote(logging.Filter):
@@ -170,9 +173,6 @@ class Trainer:
         self.is_main = self.accelerator.is_main_process
         self.fsdp = self.accelerator.distributed_type == DistributedType.FSDP
         configure_fsdp(self.accelerator, cfg.dtype)  # FSDP2: bf16 all-gathers over fp32 shards, fp32 reduce-scatters
-        if self.world > 1 and cfg.rollout_backend == "vllm" and cfg.vllm_tensor_parallel_size > 1:
-            raise ConfigError("config field 'vllm_tensor_parallel_size' must be 1 under accelerate launch with "
-                              f"{self.world} processes (one vLLM engine per rank), got {cfg.vllm_tensor_parallel_size}")
         random.seed(cfg.seed + self.rank)  # rollout sampling: each rank its own stream (rank 0 = one process)
         torch.manual_seed(cfg.seed + self.rank)
         with self.accelerator.main_process_first():  # downloads and the embedded model's first build: once
@@ -208,7 +208,8 @@ class Trainer:
         if self.scaler is not None:
             self.accelerator.register_for_checkpointing(self.scaler)
         rollout_model = self.policy
-        if self.fsdp and cfg.rollout_backend == "hf":  # sampling needs whole weights: a full copy, synced
+        # a backend that samples from the training model needs whole weights: under FSDP a full copy, synced
+        if self.fsdp and rollout_backend(cfg.rollout_backend).samples_training_model:
             rollout_model, _ = load_policy(cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)
             rollout_model.requires_grad_(False).to(self.accelerator.device)
         cuda = self.accelerator.device.type == "cuda"
@@ -237,12 +238,9 @@ class Trainer:
                           "prompt stage changes: the estimator is then not exactly unbiased (docs/method.md §2.8)",
                           stacklevel=2)
         self.metrics_path = self.out / "metrics.jsonl"
-        # the update's layout: shared prompts need a 4-D mask, which flash-attn's varlen kernel cannot take
-        self.packing = cfg.packing
-        if cfg.packing == "shared" and cfg.attn_implementation.startswith("flash"):
-            warnings.warn("packing 'shared' with attn_implementation flash_attention_2 packs densely (flash-attn's "
-                          "varlen kernel cannot share a prompt between sequences; docs/method.md §3.3)", stacklevel=2)
-            self.packing = "dense"
+        # the update's layout and micro-batches, decided once (shared prompts need sdpa / eager: dense otherwise)
+        self.plan = MicroBatchPlan.for_run(cfg.packing, cfg.attn_implementation, cfg.pack_capacity,
+                                           cfg.micro_batch_tokens, cfg.micro_batch_size)
 
     @property
     def policy(self) -> torch.nn.Module:
@@ -372,18 +370,18 @@ class Trainer:
         p_ids = [batch.prompt_ids[r] for r in rows]
         c_ids = [batch.completion_ids[r] for r in rows]
         adv, n = adv[rows], len(rows)
-        self.groups = [r // cfg.group_size for r in rows]  # the prompt each kept row answers (shared packing)
-        shares = self.shares(p_ids, c_ids, W)  # indices into the kept rows, per rank
+        groups = [r // cfg.group_size for r in rows]  # the prompt each kept row answers (shared packing)
+        shares = self.shares(p_ids, c_ids, groups, W)  # indices into the kept rows, per rank
         on_policy = cfg.ppo_epochs * cfg.num_minibatches == 1
         old_logp = None
         if not on_policy:  # with a single update the ratio is 1 at the update: old = current, detached
             with timer("old_logprob"):
-                old_logp = self.logprobs_no_grad(self.model, p_ids, c_ids, shares, phase="old_logprob")
+                old_logp = self.logprobs_no_grad(self.model, p_ids, c_ids, groups, shares, phase="old_logprob")
         ref_logp = None
         if self.ref_model is not None:  # sharded under FSDP: every rank in step; else this rank's rows only
             with timer("ref_logprob"):
-                ref_logp = self.logprobs_no_grad(self.ref_model, p_ids, c_ids, shares if self.fsdp else [shares[self.rank]],
-                                                 phase="ref_logprob")
+                ref_logp = self.logprobs_no_grad(self.ref_model, p_ids, c_ids, groups,
+                                                 shares if self.fsdp else [shares[self.rank]], phase="ref_logprob")
         rollout_logp = None  # truncated importance sampling against the rollout engine's log-probs
         if cfg.rollout_is_correction == "tis":
             rollout_logp = pad_completions([batch.logprobs[r] for r in rows], None, self.accelerator.device)[0]
@@ -391,7 +389,7 @@ class Trainer:
         # every rank's minibatches (the same generators on every rank), so all know the global sizes and counts
         gens = [torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step + 104_729 * r) for r in range(W)]
         loss_sum, grad_norm_sum, sums = 0.0, 0.0, {}  # sums: diagnostic -> [sum, count] over the whole update
-        n_updates, slots, valid, real = 0, 0, 0, 0  # token slots processed, completion tokens, non-pad tokens
+        n_updates, slots, loss_tokens, real_tokens = 0, 0, 0, 0  # slots processed, completion tokens, non-pad tokens
         n_skipped = 0  # optimizer updates skipped for a non-finite gradient
         fwd_flops = 0.0  # forward FLOPs of the update's micro-batches (dppo.cost)
         ddp = W > 1 and not self.fsdp  # DDP: one gradient all-reduce per minibatch; FSDP reduce-scatters each backward
@@ -406,15 +404,14 @@ class Trainer:
                     if not n_mb:  # fewer kept rows than minibatches
                         continue
                     mb_norm = normaliser * n_mb / n
-                    plans = [self.micro_batches(x, c_ids, p_ids) if x else [] for x in mb_rows]
-                    micro = pad_to(plans[self.rank], max(len(x) for x in plans), [0])
+                    plans = [self.micro_batches(x, p_ids, c_ids, groups) for x in mb_rows]
+                    micro = pad_to(plans[self.rank], max(len(x) for x in plans), DUMMY_MICRO_BATCH)
                     self.opt.zero_grad(set_to_none=True)
-                    for m, (real_mb, idx) in enumerate(micro):
-                        mp, mc = [p_ids[i] for i in idx], [c_ids[i] for i in idx]
+                    for m, (real_mb, mbatch) in enumerate(micro):
                         sync = not ddp or m == len(micro) - 1
                         with (nullcontext() if sync else self.accelerator.no_sync(self.model)):
                             loss, n_slots, st = self.micro_batch_loss(
-                                mp, mc, idx, adv, weights, mb_norm, old_logp, ref_logp, rollout_logp)
+                                mbatch, p_ids, c_ids, adv, weights, mb_norm, old_logp, ref_logp, rollout_logp)
                             if not real_mb:  # a dummy: keeps this rank's collectives in step, adds nothing
                                 loss = loss * 0.0
                             scaled = loss * W if W > 1 else loss
@@ -424,11 +421,11 @@ class Trainer:
                         loss_sum += loss.item()
                         for name, (total, count) in st.items():
                             _accumulate(sums, name, total, count)
-                        segs = self.segments(mp, mc, idx)
+                        segs = mbatch.segment_lengths(p_ids, c_ids)
                         slots += n_slots
                         fwd_flops += self.forward_flops(segs, n_slots)
-                        valid += sum(len(b) for b in mc)
-                        real += sum(p + sum(cs) for p, cs in segs)
+                        loss_tokens += sum(sum(cs) for _, cs in segs)
+                        real_tokens += sum(p + sum(cs) for p, cs in segs)
                     norm, skipped = self.optimizer_step()
                     grad_norm_sum += norm
                     n_updates += 1
@@ -436,8 +433,8 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)  # gradients freed before the next rollout (vLLM wakes into that memory)
         self.model.eval()
         if W > 1:  # every rank's share of the loss and diagnostics, added up
-            parts = all_gather((loss_sum, sums, slots, valid, real, fwd_flops, self.flops))
-            loss_sum, slots, valid, real, fwd_flops = (sum(p[i] for p in parts) for i in (0, 2, 3, 4, 5))
+            parts = all_gather((loss_sum, sums, slots, loss_tokens, real_tokens, fwd_flops, self.flops))
+            loss_sum, slots, loss_tokens, real_tokens, fwd_flops = (sum(p[i] for p in parts) for i in (0, 2, 3, 4, 5))
             for phase in ("old_logprob", "ref_logprob"):
                 self.flops[phase] = sum(p[6][phase] for p in parts)
             sums = {}
@@ -447,23 +444,24 @@ class Trainer:
         self.flops["update"] = fwd_flops * training_multiplier(cfg.gradient_checkpointing)
         n_updates = max(1, n_updates)
         return {"loss": loss_sum / n_updates, **{k: s / max(c, 1.0) for k, (s, c) in sums.items()},
-                "grad_norm": grad_norm_sum / n_updates, "skipped_updates": n_skipped, "tokens/trained": valid // cfg.ppo_epochs,
-                "density/valid_token": real / max(1, slots), "density/loss_token": valid / max(1, slots),
-                "throughput/update_tokens_per_s": valid / max(1e-9, timer.times["update"])}
+                "grad_norm": grad_norm_sum / n_updates, "skipped_updates": n_skipped,
+                "tokens/trained": loss_tokens // cfg.ppo_epochs, "density/valid_token": real_tokens / max(1, slots),
+                "density/loss_token": loss_tokens / max(1, slots),
+                "throughput/update_tokens_per_s": loss_tokens / max(1e-9, timer.times["update"])}
 
-    def micro_batch_loss(self, mp: list[list[int]], mc: list[list[int]], idx: list[int], adv: torch.Tensor,
+    def micro_batch_loss(self, mbatch: MicroBatch, p_ids: list[list[int]], c_ids: list[list[int]], adv: torch.Tensor,
                          weights: torch.Tensor, mb_norm: float, old_logp: torch.Tensor | None,
                          ref_logp: torch.Tensor | None, rollout_logp: torch.Tensor | None
                          ) -> tuple[torch.Tensor, int, dict[str, list[float]]]:
-        """(loss, token slots, diagnostics {name: [sum, count]}) of one micro-batch — rows `idx` of the kept rows, their
-        prompts `mp` and completions `mc` — scored with gradients under autocast: the clipped surrogate of
-        `losses.policy_objective` with the pruning weights and the minibatch normaliser, the KL to the reference, and
-        truncated importance sampling against the rollout engine's log-probs when on (min(pi_old / pi_rollout, C) a
-        token)."""
-        cfg = self.cfg
+        """(loss, token slots, diagnostics {name: [sum, count]}) of one micro-batch — the kept rows `mbatch.rows`
+        (indices into the kept rows' prompts `p_ids` and completions `c_ids`) in its planned layout — scored with
+        gradients under autocast: the clipped surrogate of `losses.policy_objective` with the pruning weights and the
+        minibatch normaliser, the KL to the reference, and truncated importance sampling against the rollout engine's
+        log-probs when on (min(pi_old / pi_rollout, C) a token)."""
+        cfg, idx = self.cfg, mbatch.rows
         with self.autocast():
-            logp, n_slots = self.score(self.model, mp, mc, [self.groups[i] for i in idx])  # [n, T]
-            mask = pad_completions([torch.ones(len(c)) for c in mc], logp.shape[1], logp.device)[1].to(logp.dtype)
+            logp, n_slots = self.score(self.model, p_ids, c_ids, mbatch)  # [n, T]
+            mask = pad_completions([torch.ones(len(c_ids[i])) for i in idx], logp.shape[1], logp.device)[1].to(logp.dtype)
             old = logp.detach() if old_logp is None else old_logp[idx, : logp.shape[1]]
             ref = None if ref_logp is None else ref_logp[idx, : logp.shape[1]]
             tis, sums = None, {}
@@ -499,64 +497,36 @@ class Trainer:
             return norm, False
         return norm, True
 
-    def shares(self, p_ids: list[list[int]], c_ids: list[list[int]], world: int) -> list[list[int]]:
-        """The kept rows split over `world` ranks by tokens (`distributed.balance`); with shared packing whole
-        groups, so a prompt is computed on one rank."""
-        if self.packing != "shared":
-            return balance([len(a) + len(b) for a, b in zip(p_ids, c_ids)], world)
-        segs = group_segments(self.groups)
+    def shares(self, p_ids: list[list[int]], c_ids: list[list[int]], groups: list[int], world: int
+               ) -> list[list[int]]:
+        """The kept rows split over `world` ranks by tokens (`distributed.balance`), whole prompt computations (with
+        shared packing a group's rows, so a prompt is computed on one rank)."""
+        segs = self.plan.segments(list(range(len(c_ids))), groups)
         split = balance([len(p_ids[s[0]]) + sum(len(c_ids[i]) for i in s) for s in segs], world)
         return [sorted(i for k in share for i in segs[k]) for share in split]
 
-    def micro_batches(self, rows: list[int], c_ids: list[list[int]], p_ids: list[list[int]]) -> list[list[int]]:
-        """Padded: `micro_batch_size` rows each. Dense: the rows packed into bins of <= pack_capacity tokens
-        (over the whole minibatch, so only its last bins are part-full), whole bins grouped into
-        micro-batches of <= micro_batch_tokens tokens; with flash-attn (one row per micro-batch) the rows grouped
-        greedily into micro-batches of <= micro_batch_tokens tokens (`packing.token_groups`). Shared: as dense,
-        with each group's rows (its prompt once + their completions) as one item."""
-        cfg = self.cfg
-        if self.packing == "none":
-            return [rows[s: s + cfg.micro_batch_size] for s in range(0, len(rows), cfg.micro_batch_size)]
-        if self.packing == "dense" and cfg.attn_implementation.startswith("flash"):
-            lengths = [len(p_ids[i]) + len(c_ids[i]) for i in rows]
-            return [[rows[j] for j in g] for g in token_groups(lengths, cfg.micro_batch_tokens)]
-        if self.packing == "shared":
-            items = [[rows[j] for j in seg] for seg in group_segments([self.groups[i] for i in rows])]
-            lengths = [len(p_ids[it[0]]) + sum(len(c_ids[i]) for i in it) for it in items]
-        else:
-            items = [[i] for i in rows]
-            lengths = [len(p_ids[i]) + len(c_ids[i]) for i in rows]
-        out, cur, tokens = [], [], 0
-        for b in pack_rows(lengths, cfg.pack_capacity):
-            n = sum(lengths[j] for j in b)
-            if cur and tokens + n > cfg.micro_batch_tokens:
-                out.append(cur)
-                cur, tokens = [], 0
-            cur += [i for j in b for i in items[j]]
-            tokens += n
-        return out + ([cur] if cur else [])
+    def micro_batches(self, rows: list[int], p_ids: list[list[int]], c_ids: list[list[int]], groups: list[int]
+                      ) -> list[MicroBatch]:
+        """The planned micro-batches of `rows` (indices into the kept rows; `MicroBatchPlan`), each with its layout."""
+        if not rows:
+            return []
+        return self.plan.micro_batches(rows, [len(p) for p in p_ids], [len(c) for c in c_ids], groups)
 
-    def score(self, model, p_ids: list[list[int]], c_ids: list[list[int]], groups: list[int] | None = None
+    def score(self, model, p_ids: list[list[int]], c_ids: list[list[int]], mbatch: MicroBatch
               ) -> tuple[torch.Tensor, int]:
-        """(logp [n, Tc], token slots processed) of one micro-batch, padded, densely packed or with shared prompts
-        (`groups`: the group of each row)."""
-        cfg = self.cfg
-        if self.packing == "shared":
-            return shared_prompt_logprobs(model, p_ids, c_ids, groups, self.tok.pad_token_id, cfg.temperature,
-                                          cfg.pack_capacity)
-        if self.packing == "dense":
-            return packed_completion_logprobs(model, p_ids, c_ids, self.tok.pad_token_id, cfg.temperature,
-                                              cfg.pack_capacity)
-        logp = completion_logprobs(model, p_ids, c_ids, self.tok.pad_token_id, cfg.temperature)
-        return logp, len(p_ids) * max(len(a) + len(b) for a, b in zip(p_ids, c_ids))
-
-    def segments(self, p_ids: list[list[int]], c_ids: list[list[int]], idx: list[int]) -> list[tuple[int, list[int]]]:
-        """(prompt length, completion lengths) of each prompt computation in a micro-batch: one per group with
-        shared prompts, one per row otherwise."""
-        if self.packing != "shared":
-            return [(len(a), [len(b)]) for a, b in zip(p_ids, c_ids)]
-        return [(len(p_ids[seg[0]]), [len(c_ids[j]) for j in seg])
-                for seg in group_segments([self.groups[i] for i in idx])]
+        """(logp [n, Tc] of the micro-batch's rows in `mbatch.rows` order, token slots processed): padded, densely
+        packed or with shared prompts, in the rows the plan laid out (no re-packing here)."""
+        cfg, idx = self.cfg, mbatch.rows
+        mp, mc = [p_ids[i] for i in idx], [c_ids[i] for i in idx]
+        if self.plan.packing == "shared":
+            return shared_prompt_logprobs(model, mp, mc, None, self.tok.pad_token_id, cfg.temperature,
+                                          cfg.pack_capacity, layout=mbatch.local_layout())
+        if self.plan.packing == "dense":
+            layout = [[i for seg in row for i in seg] for row in mbatch.local_layout()]
+            return packed_completion_logprobs(model, mp, mc, self.tok.pad_token_id, cfg.temperature,
+                                              cfg.pack_capacity, layout=layout)
+        logp = completion_logprobs(model, mp, mc, self.tok.pad_token_id, cfg.temperature)
+        return logp, len(mp) * max(len(a) + len(b) for a, b in zip(mp, mc))
 
     def forward_flops(self, segs: list[tuple[int, list[int]]], slots: int) -> float:
         """FLOPs of one scoring forward (`dppo.cost`) over `segments`: the layout's token slots, the causal
@@ -570,24 +540,23 @@ class Trainer:
         return torch.autocast(self.accelerator.device.type, dtype=self.compute_dtype,
                               enabled=self.compute_dtype is not None)
 
-    def logprobs_no_grad(self, model, p_ids: list[list[int]], c_ids: list[list[int]],
+    def logprobs_no_grad(self, model, p_ids: list[list[int]], c_ids: list[list[int]], groups: list[int],
                          shares: list[list[int]] | None = None, phase: str | None = None) -> torch.Tensor:
-        """Old / reference log-probs [N, Tc_max] of the kept rows, in the update's micro-batches: of this rank's
-        share `shares[rank]` when given (other rows stay 0), every rank running as many forwards as the busiest
-        (FSDP's all-gathers are collectives); of every row otherwise."""
+        """Old / reference log-probs [N, Tc_max] of the kept rows (`groups[i]`: the prompt row i answers), in the
+        update's micro-batches: of this rank's share `shares[rank]` when given (other rows stay 0), every rank
+        running as many forwards as the busiest (FSDP's all-gathers are collectives); of every row otherwise."""
         mine = list(range(len(c_ids))) if shares is None else shares[min(self.rank, len(shares) - 1)]
-        plans = [self.micro_batches(x, c_ids, p_ids) if x else [] for x in (shares or [mine])]
+        plans = [self.micro_batches(x, p_ids, c_ids, groups) for x in (shares or [mine])]
         out = torch.zeros((len(c_ids), max(len(c) for c in c_ids)), device=self.accelerator.device)
-        mine_plan = self.micro_batches(mine, c_ids, p_ids) if mine else []
+        mine_plan = self.micro_batches(mine, p_ids, c_ids, groups)
         with torch.no_grad(), self.autocast():
-            for real_mb, idx in pad_to(mine_plan, max(len(x) for x in plans), [0]):
-                mp, mc = [p_ids[i] for i in idx], [c_ids[i] for i in idx]
-                lp, n_slots = self.score(model, mp, mc, [self.groups[i] for i in idx])
+            for real_mb, mbatch in pad_to(mine_plan, max(len(x) for x in plans), DUMMY_MICRO_BATCH):
+                lp, n_slots = self.score(model, p_ids, c_ids, mbatch)
                 if real_mb and phase:  # this rank's forward FLOPs of the phase (summed over ranks in update)
-                    self.flops[phase] += self.forward_flops(self.segments(mp, mc, idx), n_slots)
+                    self.flops[phase] += self.forward_flops(mbatch.segment_lengths(p_ids, c_ids), n_slots)
                 if real_mb:
                     out = out.to(lp.dtype)
-                    out[idx, : lp.shape[1]] = lp
+                    out[mbatch.rows, : lp.shape[1]] = lp
         return out
 
     # ------------------------------------------------------------ eval, checkpoints, loop

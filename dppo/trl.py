@@ -41,6 +41,7 @@ from dppo import packing, pruning
 from dppo.composition import exact_count_stretch
 from dppo.config import ConfigError, TrainConfig, _check, check_pruning_fields
 from dppo.history import PromptHistory
+from dppo.losses import AGGREGATIONS
 
 TESTED_TRL = ("1.16", "1.17")  # [from, to): DPPOTrainer overrides these TRL releases' private methods
 if not Version(TESTED_TRL[0]) <= Version(Version(trl.__version__).base_version) < Version(TESTED_TRL[1]) \
@@ -341,12 +342,10 @@ class DPPOTrainer(GRPOTrainer):
             raise ConfigError("DPPOTrainer: train_dataset must be a map-style dataset (a datasets.Dataset, not an "
                               "IterableDataset) when pruning: the prompt stage keys its history by the dataset index")
         a = self.args
-        self.pruner = pruning.DPPO(prompt_rate=a.prompt_prune_rate, completion_rate=a.completion_prune_rate,
-                                   sampling=a.prune_sampling, prompt_rule=a.prompt_candidate_rule,
-                                   abs_adv_threshold=a.abs_adv_threshold, inclusion=a.inclusion,
-                                   inclusion_floor=a.inclusion_floor, size_proxy=a.size_proxy,
-                                   uniform_mix=a.uniform_mix, kl_coef=self.beta,
-                                   loss_agg=LOSS_AGG.get(self.loss_type, "token-mean"))
+        # DPPOConfig names DPPO's settings as TrainConfig does; kl_coef is TRL's beta, the aggregation its loss_type's
+        # (only read when pruning, which DPPOConfig allows for LOSS_AGG's loss types only)
+        self.pruner = pruning.DPPO(**{mine: getattr(a, name) for name, mine in pruning.DPPO.config_fields.items()},
+                                   kl_coef=self.beta, loss_agg=LOSS_AGG[self.loss_type] if self.pruning else "token-mean")
         self.prompt_history = PromptHistory()
         self.pruning_log: deque[dict] = deque(maxlen=PRUNING_LOG_LENGTH)  # the last generation batches'
         self.scored_rows: dict[str, int] = defaultdict(int)
@@ -543,10 +542,11 @@ class DPPOTrainer(GRPOTrainer):
         agg = LOSS_AGG[self.loss_type]
         z = pruning.unbiased_normaliser(agg, comp.pi, comp.keep, gen.lengths.double(), comp.est_lengths,
                                         self.args.loss_normaliser, prompts_per_step=B)
-        # seq-mean: TRL divides by the rolled rows B G, dppo by Z (|S| G, or B G when fixed); token-mean: Z tokens
-        output["dppo_seq_scale"] = torch.tensor(B * G / z if agg != "token-mean" else 1.0, dtype=torch.float64,
-                                                device=device)
-        output["dppo_num_items"] = torch.tensor(z if agg == "token-mean" else 0.0, dtype=torch.float64, device=device)
+        # Z counting completions: TRL divides by the rolled rows B G, dppo by Z (|S| G, or B G when fixed), so the
+        # rows are scaled by B G / Z; counting tokens: Z replaces TRL's token count (num_items_in_batch)
+        tokens = AGGREGATIONS[agg].counts_tokens
+        output["dppo_seq_scale"] = torch.tensor(1.0 if tokens else B * G / z, dtype=torch.float64, device=device)
+        output["dppo_num_items"] = torch.tensor(z if tokens else 0.0, dtype=torch.float64, device=device)
         # history: every rolled-out group, in the sampler's order (checked against the rows' own indices)
         indices = self.accelerator.gather(torch.tensor([x["dppo_index"] for x in gen.inputs], device=device))
         if indices.view(-1, G)[:, 0].tolist() != comp.rolled:

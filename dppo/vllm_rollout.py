@@ -65,6 +65,30 @@ def _eager_random_sample(logits: torch.Tensor) -> torch.Tensor:
 class VLLMRollout:
     """`RolloutEngine` on vLLM. `model_path` is the policy's initial weights (a model directory)."""
 
+    samples_training_model = False  # its own copy of the weights, pushed after every optimizer step
+
+    @classmethod
+    def from_config(cls, cfg, model, tokenizer, prompts: list[str]) -> "VLLMRollout":
+        """The engine for a TrainConfig-like `cfg` (its vllm_* fields), starting from the config's model and given
+        `model`'s weights before its first generation; max_model_len is the longest of `prompts` + max_new_tokens
+        unless set. Under a launch of several processes one engine per rank, so tensor parallelism must be 1."""
+        from dppo.errors import ConfigError
+        from dppo.memory_plan import engine_max_num_seqs
+        from dppo.model import resolve_model_path
+
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        if world > 1 and cfg.vllm_tensor_parallel_size > 1:
+            raise ConfigError("config field 'vllm_tensor_parallel_size' must be 1 under accelerate launch with "
+                              f"{world} processes (one vLLM engine per rank), got {cfg.vllm_tensor_parallel_size}")
+        longest = max(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])
+        path = resolve_model_path(cfg.model_name_or_path)
+        engine = cls(path, tokenizer, dtype=cfg.dtype, max_model_len=cfg.vllm_max_model_len or longest + cfg.max_new_tokens,
+                     gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                     tensor_parallel_size=cfg.vllm_tensor_parallel_size, max_num_seqs=engine_max_num_seqs(cfg, world),
+                     seed=cfg.seed)
+        engine.sync_weights(model)
+        return engine
+
     def __init__(self, model_path: str, tokenizer, *, dtype: str = "float32", max_model_len: int = 0,
                  gpu_memory_utilization: float = 0.3, tensor_parallel_size: int = 1, max_num_seqs: int = 256,
                  cpu_kv_cache_bytes: int = 256 * 2**20, seed: int = 0):

@@ -42,12 +42,12 @@ if smoke:
 out = results.figures_dir(smoke, profile, results_dir)
 layouts = studies.study_layouts("ablations", configs=configs, overrides=overrides, rates=rates)
 runs4 = results.run_layout(layouts["T4"], smoke=smoke, launch=launch, root=results_dir, profile=profile)
-t4 = tables.table(runs4, "GRPO", "T4_ablations", studies.caption("T4", profile), "T4", out, cpu_columns=profile == "cpu")
+t4 = tables.build(studies.TABLES["T4"], layouts["T4"], runs4, out, profile)  # its recipe: the registry's (dppo.studies.Table)
 display(Markdown((out / "T4_ablations.md").read_text()))
 
 # %%
 runs5 = results.run_layout(layouts["T5"], smoke=smoke, launch=launch, root=results_dir, profile=profile)
-t5 = tables.table(runs5, "GRPO", "T5_sensitivity", studies.caption("T5", profile) + f" Grid r_q, r_o in {rates}.", "T5", out, cpu_columns=profile == "cpu")
+t5 = tables.build(studies.TABLES["T5"], layouts["T5"], runs5, out, profile)
 display(Markdown((out / "T5_sensitivity.md").read_text()))
 fig = figures.figure_t5(t5, rates, out=out)
 

@@ -43,7 +43,7 @@ from dppo import results, studies, tables
 layout = studies.study_layouts("algorithms", configs=configs, overrides=overrides)["T2"]
 runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir, profile=profile)
 out = results.figures_dir(smoke, profile, results_dir)
-t2 = tables.table(runs, studies.T2_BASE, "T2_algorithms", studies.caption("T2", profile), "T2", out, cpu_columns=profile == "cpu")
+t2 = tables.build(studies.TABLES["T2"], layout, runs, out, profile)  # each X + DPPO against X (dppo.studies.Table)
 display(Markdown((out / "T2_algorithms.md").read_text()))
 
 # %% [markdown]
@@ -51,7 +51,7 @@ display(Markdown((out / "T2_algorithms.md").read_text()))
 # X + DPPO against X (the same algorithm without pruning), computed from the table above.
 
 # %%
-display(Markdown(tables.sentences(t2, studies.T2_BASE, "T2")))
+display(Markdown(tables.sentences(t2, studies.TABLES["T2"].baselines(layout), "T2")))
 
 # %%
 # Each algorithm alone trains every rolled-out row with weight 1 (trained tokens = generated tokens, every step);

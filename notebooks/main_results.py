@@ -48,8 +48,7 @@ if smoke:
 layout = studies.study_layouts("main_results", configs=configs, overrides=overrides, long_epochs=long_epochs)["T1"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile)
 out = results.figures_dir(smoke, profile, results_dir)
-t1 = tables.table(runs, "GRPO", "T1_main_results", studies.caption("T1", profile), "T1", out,
-                  cpu_columns=profile == "cpu", at_equal_compute=True, longer=studies.longer_rows(layout))
+t1 = tables.build(studies.TABLES["T1"], layout, runs, out, profile)  # its recipe: the registry's (dppo.studies.Table)
 equal = pd.read_csv(out / "T1_main_results_equal_compute.csv", index_col=0)
 display(Markdown((out / "T1_main_results.md").read_text()))
 

@@ -58,10 +58,11 @@ def root_of(study: str) -> Path:
 
 
 def have(layout, study):
-    """{label: [run folder per seed]} when every run of the layout has metrics, else None (listed as missing)."""
+    """{label: [run folder per seed]} when every run of the layout trained to its end (`results.finished`), else None
+    (listed as missing, unless the study is one ./reproduce.sh runs only when named: the real model's)."""
     runs = studies.run_dirs(layout, seeds[study], root_of(study))
-    gone = [str(d) for dirs in runs.values() for d in dirs if not (d / "metrics.jsonl").is_file()]
-    missing.extend(gone)
+    gone = [str(d) for dirs in runs.values() for d in dirs if not results.finished(d)]
+    missing.extend(gone if studies.BY_NAME[study].in_default_run else [])
     return runs if not gone else None
 
 
@@ -71,17 +72,19 @@ source_time = max(f.stat().st_mtime for f in Path(tables.__file__).parent.glob("
 compared = []
 
 
-def table(runs, base, name, caption, key, **kwargs):
-    """tables.table into `out`. At smoke size, where the test command has just run the study notebooks into a clean
-    folder, a table of that name written after its runs and after the code that tabulates them was written by its study
-    notebook: the rebuilt one must be the same file (what a study notebook showed is what this one shows). Full-size
-    tables may come from other runs (results copied from elsewhere, another results_dir), so they are not compared."""
+def table(recipe, layout, runs):
+    """The registry's recipe (`tables.build` of a `studies.Table`, as the study notebooks build it) into `out`. At
+    smoke size, where the test command has just run the study notebooks into a clean folder, a table of that name
+    written after its runs and after the code that tabulates them was written by its study notebook: the rebuilt one
+    must be the same file (what a study notebook showed is what this one shows). Full-size tables may come from other
+    runs (results copied from elsewhere, another results_dir), so they are not compared."""
+    name = recipe.name
     text, written = before.get(name, ("", 0.0))
     inputs = max(d.joinpath("metrics.jsonl").stat().st_mtime for dirs in runs.values() for d in dirs)
-    result = tables.table(runs, base, name, caption, key, out, cpu_columns=profile == "cpu", **kwargs)
+    result = tables.build(recipe, layout, runs, out, profile)
     if smoke and written > max(inputs, source_time):
         assert (out / f"{name}.csv").read_text() == text, f"{name}: rebuilt from the same runs, the table differs"
-        if kwargs.get("at_equal_compute"):
+        if recipe.at_equal_compute:
             same = (out / f"{name}_equal_compute.csv").read_text() == before[f"{name}_equal_compute"][0]
             assert same, f"{name}: rebuilt from the same runs, the equal-compute table differs"
         compared.append(name)
@@ -89,20 +92,15 @@ def table(runs, base, name, caption, key, **kwargs):
 
 
 figures.figure_f1(out=out)
-if runs := have(t1 := layout("main_results", "T1"), "main_results"):
-    table(runs, "GRPO", "T1_main_results", studies.caption("T1", profile), "T1", at_equal_compute=True,
-          longer=studies.longer_rows(t1))
-    figures.figure_f2(runs, out=out)
-if runs := have(layout("algorithms", "T2"), "algorithms"):
-    table(runs, studies.T2_BASE, "T2_algorithms", studies.caption("T2", profile), "T2")
-if runs := have(layout("scale", "T3"), "scale"):
-    table(runs, studies.t3_base(runs), "T3_scale", studies.caption("T3", profile), "T3")
-if runs := have(layout("ablations", "T4"), "ablations"):
-    table(runs, "GRPO", "T4_ablations", studies.caption("T4", profile), "T4")
-if runs := have(layout("ablations", "T5"), "ablations"):
-    t5 = table(runs, "GRPO", "T5_sensitivity", studies.caption("T5", profile) + f" Grid r_q, r_o in "
-                      f"{list(rates)}.", "T5")
-    figures.figure_t5(t5, rates, out=out)
+built, trained = {}, {}  # table key -> its summary, its runs
+for study in studies.STUDIES:  # every table of the registry whose runs are there
+    for recipe in study.tables:
+        if runs := have(recipe_layout := layout(study.name, recipe.key), study.name):
+            built[recipe.key], trained[recipe.key] = table(recipe, recipe_layout, runs), runs
+if "T1" in built:
+    figures.figure_f2(trained["T1"], out=out)
+if "T5" in built:
+    figures.figure_t5(built["T5"], rates, out=out)
 if (root / "gradient_variance" / "variance.csv").is_file():
     figures.figure_f3(root / "gradient_variance", out=out)
 else:
@@ -118,7 +116,10 @@ else:
 import matplotlib.pyplot as plt
 
 plt.close("all")  # shown below, in the registry's order, from the files
-print("missing (skipped):", missing or "none")
+print("rebuilt here from their runs:", ", ".join(built) or "no table", "| runs missing (skipped):",
+      f"{len(missing)}, e.g. {missing[0]}" if missing else "none")
+if missing:  # what is shown below is what figures/ (or `out`) holds: the files of the last run that made them
+    print(f"the tables and figures below are the files in {out} as they stand")
 
 # %% [markdown]
 # ## The tables and figures, study by study
@@ -126,9 +127,9 @@ print("missing (skipped):", missing or "none")
 # %%
 for study in studies.STUDIES:
     display(Markdown(f"### {study.title} (`notebooks/{study.name}.ipynb`)"))
-    for name in study.tables:
-        if (out / f"{name}.md").is_file():
-            display(Markdown((out / f"{name}.md").read_text()))
+    for recipe in study.tables:
+        if (out / f"{recipe.name}.md").is_file():
+            display(Markdown((out / f"{recipe.name}.md").read_text()))
     for name in study.figures:
         if (out / f"{name}.png").is_file():
             display(Image(filename=str(out / f"{name}.png")))
@@ -141,5 +142,5 @@ if smoke:  # the test command runs the study notebooks first (T3's after this on
     assert {"T1_main_results", "T2_algorithms", "T4_ablations", "T5_sensitivity"} <= set(compared), compared
 if complete and not smoke:
     assert not missing, missing
-    assert all((out / f"{n}.md").is_file() for s in studies.STUDIES for n in s.tables)
+    assert all((out / f"{t.name}.md").is_file() for s in studies.STUDIES if s.in_default_run for t in s.tables)
     assert all((out / f"{n}.png").is_file() for s in studies.STUDIES for n in s.figures)

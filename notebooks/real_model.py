@@ -46,8 +46,7 @@ if smoke:
 layout = studies.study_layouts("real_model", configs=configs, overrides=overrides)["R1"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile)
 out = results.figures_dir(smoke, profile, results_dir)
-r1 = tables.table(runs, "GRPO", "R1_real_model", studies.caption("R1", profile), "R1", out,
-                  cpu_columns=profile == "cpu", at_equal_compute=True)
+r1 = tables.build(studies.TABLES["R1"], layout, runs, out, profile)  # its recipe: the registry's (dppo.studies.Table)
 equal = pd.read_csv(out / "R1_real_model_equal_compute.csv", index_col=0)
 display(Markdown((out / "R1_real_model.md").read_text()))
 

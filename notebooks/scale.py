@@ -46,7 +46,7 @@ layout = studies.study_layouts("scale", configs=configs, overrides=overrides, la
 runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir, profile=profile)
 out = results.figures_dir(smoke, profile, results_dir)
 small, large = model_labels
-t3 = tables.table(runs, studies.t3_base(layout), "T3_scale", studies.caption("T3", profile), "T3", out, cpu_columns=profile == "cpu")
+t3 = tables.build(studies.TABLES["T3"], layout, runs, out, profile)  # each model's DPPO against its GRPO (dppo.studies.Table)
 display(Markdown((out / "T3_scale.md").read_text()))
 
 # %% [markdown]
@@ -58,7 +58,7 @@ display(Markdown((out / "T3_scale.md").read_text()))
 start = t3["acc/start"]
 display(Markdown(f"- Before RL: {large} {start[f'GRPO, {large}']:.1f}% vs {small} "
                  f"{start[f'GRPO, {small}']:.1f}% (held-out Pass@1, same problems).\n"
-                 + tables.sentences(t3, studies.t3_base(layout), "T3")))
+                 + tables.sentences(t3, studies.TABLES["T3"].baselines(layout), "T3")))
 
 # %%
 # The larger rows ran the larger model: its rollout FLOPs per generated token exceed the small model's by its share of

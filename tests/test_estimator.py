@@ -130,12 +130,13 @@ def _logit_grad(lengths: torch.Tensor) -> torch.Tensor:
     return torch.stack([0.4 * lengths * vary, (0.1 * lengths).sqrt() * vary], -1).double()
 
 
-def _expected_and_full(tr, agg, mode, rq, ro, extra, kept_token_normaliser=False):
-    """(E[gradient of Trainer.update over every mask outcome], gradient of the full-batch loss)."""
+def _expected_and_full(tr, agg, mode, rq, ro, extra, kept_token_normaliser=False, counts_tokens=None):
+    """(E[gradient of Trainer.update over every mask outcome], gradient of the full-batch loss); the full-batch Z
+    counts tokens for token-mean (or when `counts_tokens` says so), completions otherwise."""
     settings = {"loss_type": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28, "kl_bias_correction": True,
                 "scale_rewards": "group", "loss_normaliser": "covered", **extra}
     tr.cfg = dataclasses.replace(tr.cfg, loss_agg=agg, **settings)
-    tr.packing = tr.cfg.packing  # the update's layout is read from the trainer, set from the config at init
+    tr.plan = dataclasses.replace(tr.plan, packing=tr.cfg.packing, capacity=tr.cfg.pack_capacity)  # planned at init
     prompts, comps = _rollouts(tr.policy.config.vocab_size)
     lengths = torch.tensor([[len(c) for c in comps[k]] for k in range(B)])
     history = _history()
@@ -159,7 +160,8 @@ def _expected_and_full(tr, agg, mode, rq, ro, extra, kept_token_normaliser=False
 
     # the full-batch loss: every completion of every covered prompt, weight 1, normaliser from its definition
     may_be_pruned = [k in LAST_LENGTHS and rq > 0 for k in keys]
-    if agg == "token-mean":  # rolled-out tokens; a prompt that may be pruned counts G x its last length
+    if agg == "token-mean" if counts_tokens is None else counts_tokens:  # rolled-out tokens; a prompt that may be
+        # pruned counts G x its last length
         z = sum(G * LAST_LENGTHS[k] if may_be_pruned[k] else float(lengths[k].sum()) for k in keys)
     else:
         z = B * G
@@ -174,6 +176,32 @@ def _expected_and_full(tr, agg, mode, rq, ro, extra, kept_token_normaliser=False
 def test_expected_update_gradient_equals_full_gradient(trainer, agg, mode, rq, ro, extra):
     expected, full = _expected_and_full(trainer, agg, mode, rq, ro, extra)
     assert float((expected - full).norm() / full.norm()) < 1e-9
+
+
+def test_a_new_aggregation_is_one_registered_entry(trainer):
+    """An aggregation registered here, touching no other file (verl's seq-mean-token-sum: l_n = sum_t l_t, Z
+    counting completions; the same sum under a second name with Z counting tokens, which is token-mean's formula):
+    the config accepts both, and through prune_step and Trainer.update each is exactly unbiased with both stages
+    and proportional inclusion. Registered with the other normaliser rule, the same check fails: pruning reads
+    the rule from the entry (an estimator that branched on the name 'token-mean' fails the token-counting one)."""
+    from dppo.losses import AGGREGATIONS, register_aggregation
+
+    def seq_mean_token_sum(token_loss, mask, sample_weight, normaliser, max_len=0):
+        return (sample_weight.to(token_loss.dtype) * (token_loss * mask).sum(dim=1)).sum() / normaliser
+
+    try:
+        for name, tokens in (("seq-mean-token-sum", False), ("token-sum-over-tokens", True)):
+            register_aggregation(name, counts_tokens=tokens, divides_by_length=False)(seq_mean_token_sum)
+            TrainConfig(loss_agg=name).validate()
+            for extra in ({}, {"kl_coef": 0.0, "inclusion": "proportional"}):
+                expected, full = _expected_and_full(trainer, name, "bernoulli", 0.5, 0.5, extra, counts_tokens=tokens)
+                assert float((expected - full).norm() / full.norm()) < 1e-9, (name, extra)
+            register_aggregation(name, counts_tokens=not tokens, divides_by_length=False)(seq_mean_token_sum)
+            expected, full = _expected_and_full(trainer, name, "bernoulli", 0.5, 0.5, {}, counts_tokens=tokens)
+            assert float((expected - full).norm() / full.norm()) > 1e-3, name
+    finally:
+        for name in ("seq-mean-token-sum", "token-sum-over-tokens"):
+            AGGREGATIONS.pop(name, None)
 
 
 @pytest.mark.parametrize("mode", ["bernoulli", "fixed_count"])
@@ -193,7 +221,7 @@ def test_proportional_with_kl_is_unbiased_within_monte_carlo_error(trainer):
     tr.cfg = dataclasses.replace(tr.cfg, loss_agg="seq-mean-token-mean", loss_type="ppo_clip", clip_low=0.2,
                                  clip_high=0.28, kl_bias_correction=True, scale_rewards="group",
                                  loss_normaliser="covered", kl_coef=0.05, inclusion="proportional", packing="none")
-    tr.packing = "none"
+    tr.plan = dataclasses.replace(tr.plan, packing="none")
     prompts, comps = _rollouts(tr.policy.config.vocab_size)
     lengths = torch.tensor([[len(c) for c in comps[k]] for k in range(B)])
     pruner = DPPO(prompt_rate=0.5, completion_rate=0.7, inclusion="proportional", inclusion_floor=0.2, kl_coef=0.05,
@@ -268,7 +296,8 @@ def test_update_gradient_equals_hand_written_loss(trainer, monkeypatch, packing,
         tr.cfg, loss_agg=agg, loss_type="ppo_clip", clip_low=0.2, clip_high=0.28, kl_bias_correction=True,
         num_minibatches=2, packing=packing, pack_capacity=40, micro_batch_tokens=40, micro_batch_size=2,
         temperature=0.8, kl_coef=0.05, rollout_is_correction="tis", rollout_is_cap=1.5))
-    monkeypatch.setattr(tr, "packing", packing)
+    monkeypatch.setattr(tr, "plan", dataclasses.replace(tr.plan, packing=packing, capacity=40, token_budget=40,
+                                                        micro_batch_size=2))
     prompts, comps = _rollouts(tr.policy.config.vocab_size)
     prompts = [prompts[b] for b in range(B) for _ in range(G)]
     comps = [c for group in comps for c in group]
@@ -286,9 +315,9 @@ def test_update_gradient_equals_hand_written_loss(trainer, monkeypatch, packing,
     rows, steps, tis_seen = [], [], {}  # kept rows of the current optimizer step; (rows, gradient) per step
     real_loss, real_objective = tr.micro_batch_loss, trainer_module.policy_objective
 
-    def record_rows(mp, mc, idx, *args):
-        rows[len(rows):] = [idx]
-        return real_loss(mp, mc, idx, *args)
+    def record_rows(mbatch, *args):
+        rows[len(rows):] = [mbatch.rows]
+        return real_loss(mbatch, *args)
 
     def record_tis(logp, old, adv_, mask, *args, token_weight=None, **kw):
         for j, n in enumerate(rows[-1]):

@@ -113,9 +113,9 @@ def test_the_reference_scores_like_the_policy_so_the_kl_is_zero_before_the_first
     pure-bf16 copy, as before, differs from the autocast policy by bf16 rounding: KL > 0 before training starts)."""
     tr = _trainer(tmp_path, dtype="bfloat16", kl_coef=0.05, packing="dense")
     batch, adv = _batch(tr)
-    tr.groups = [r // 4 for r in range(len(batch.completion_ids))]
-    policy = tr.logprobs_no_grad(tr.model, batch.prompt_ids, batch.completion_ids)
-    ref = tr.logprobs_no_grad(tr.ref_model, batch.prompt_ids, batch.completion_ids)
+    groups = [r // 4 for r in range(len(batch.completion_ids))]  # the rows' prompt groups
+    policy = tr.logprobs_no_grad(tr.model, batch.prompt_ids, batch.completion_ids, groups)
+    ref = tr.logprobs_no_grad(tr.ref_model, batch.prompt_ids, batch.completion_ids, groups)
     assert torch.equal(policy, ref)
     assert next(tr.ref_model.parameters()).dtype == torch.float32
     stats = tr.update(batch, list(range(len(batch.completion_ids))), adv, torch.ones(len(adv)), float(len(adv)), Timer())
@@ -170,10 +170,10 @@ def test_bf16_computes_the_decoder_and_the_vocabulary_head_in_bf16_and_keeps_fp3
         outs: list[torch.dtype] = []
         projection = tr.policy.model.layers[0].mlp.gate_proj
         handle = projection.register_forward_hook(lambda mod, args, out: outs.append(out.dtype))
-        tr.groups = [r // 4 for r in range(len(batch.completion_ids))]  # the rows' prompt groups, as a step sets them
+        groups = [r // 4 for r in range(len(batch.completion_ids))]  # the rows' prompt groups, as a step has them
         vocab, hidden = tr.shape.vocab, tr.shape.hidden
         with _HeadMatmuls(vocab, hidden) as no_grad_head:
-            tr.logprobs_no_grad(tr.model, batch.prompt_ids, batch.completion_ids)
+            tr.logprobs_no_grad(tr.model, batch.prompt_ids, batch.completion_ids, groups)
         no_grad = list(outs)
         with _HeadMatmuls(vocab, hidden) as update_head:
             grads = _update(tr, batch, adv)

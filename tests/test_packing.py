@@ -162,13 +162,9 @@ def test_shared_prompt_layout_refuses_flash_attention(embedded):
 
 def test_token_groups_for_a_one_row_kernel():
     """flash-attn takes a micro-batch as one row: the rows are grouped greedily (longest first) into micro-batches of
-    <= micro_batch_tokens, each row once, an over-long row alone — and the trainer plans its dense micro-batches
-    this way under flash_attention_2 (sdpa keeps pack_rows' bins)."""
-    import types
-
-    from dppo.config import TrainConfig
-    from dppo.packing import token_groups
-    from dppo.trainer import Trainer
+    <= micro_batch_tokens, each row once, an over-long row alone — and the plan lays out its dense micro-batches
+    this way under flash_attention_2, one row each (sdpa keeps pack_rows' rows)."""
+    from dppo.packing import MicroBatchPlan, token_groups
 
     rng = random.Random(0)
     lengths = [rng.randint(5, 300) for _ in range(60)] + [900]
@@ -179,13 +175,76 @@ def test_token_groups_for_a_one_row_kernel():
     order = [lengths[i] for g in groups for i in g]
     assert order == sorted(order, reverse=True)
     assert all(sum(lengths[i] for i in a) + lengths[b[0]] > 512 for a, b in zip(groups, groups[1:]))  # greedy
-    p_ids = [[1] * 10 for _ in lengths]
-    c_ids = [[2] * (n - 10) for n in lengths]
     rows = list(range(0, len(lengths), 2))
     for attn in ("flash_attention_2", "sdpa"):
-        stub = types.SimpleNamespace(packing="dense", cfg=TrainConfig(attn_implementation=attn, packing="dense",
-                                                                      pack_capacity=256, micro_batch_tokens=512))
-        plan = Trainer.micro_batches(stub, rows, c_ids, p_ids)
-        assert sorted(i for mb in plan for i in mb) == rows
+        plan = MicroBatchPlan.for_run("dense", attn, capacity=256, token_budget=512, micro_batch_size=4)
+        micro = plan.micro_batches(rows, [10] * len(lengths), [n - 10 for n in lengths], list(range(len(lengths))))
+        assert sorted(i for mb in micro for i in mb.rows) == rows
         want = [[rows[j] for j in g] for g in token_groups([lengths[i] for i in rows], 512)]
-        assert (plan == want) == (attn == "flash_attention_2"), attn
+        assert ([mb.rows for mb in micro] == want) == (attn == "flash_attention_2"), attn
+        assert all(len(mb.layout) == 1 for mb in micro) or attn == "sdpa"  # one row a micro-batch
+    with pytest.warns(UserWarning, match="packs densely"):
+        assert MicroBatchPlan.for_run("shared", "flash_attention_2", 256, 512, 4).packing == "dense"
+
+
+@pytest.mark.parametrize("packing,capacity", [("dense", 80), ("shared", 120), ("none", 80)])
+def test_the_update_scores_the_rows_it_planned(tmp_path, embedded, packing, capacity):
+    """Trainer.update (off-policy, with a reference: old, reference and update passes) over rows of varied lengths,
+    three draws: every micro-batch the scorer receives is one its plan made, and the token rows handed to the model
+    are that plan's layout, row for row (each row its segments end to end: [prompt, completion] dense, [prompt,
+    completions...] shared, then padding) — nothing is re-packed after planning. A scorer that packed its
+    micro-batch again (as the trainer did before) hands other rows for some of these draws (shown failing)."""
+    from dppo.config import TrainConfig
+    from dppo.rollout import RolloutBatch
+    from dppo.scoring import TokenLogprobs
+    from dppo.trainer import Timer, Trainer
+
+    G, n_prompts = 4, 8
+    tr = Trainer(TrainConfig(output_dir=str(tmp_path), train_size=16, eval_size=4, prompts_per_step=n_prompts,
+                             group_size=G, packing=packing, pack_capacity=capacity, micro_batch_tokens=2 * capacity + 40,
+                             micro_batch_size=3, num_minibatches=1, ppo_epochs=2, kl_coef=0.05, max_new_tokens=32))
+    pad = tr.tok.pad_token_id
+    planned, scored, rows_seen = [], [], []
+    plan_micro_batches, score, forward = tr.plan.micro_batches, Trainer.score, TokenLogprobs.forward
+
+    def record_plan(*args):
+        out = plan_micro_batches(*args)
+        planned.extend(out)
+        return out
+
+    def record_score(self, model, p_ids, c_ids, mbatch):
+        scored.append((mbatch, p_ids, c_ids))
+        return score(self, model, p_ids, c_ids, mbatch)
+
+    def record_forward(self, input_ids, *args, **kwargs):
+        rows_seen.append(input_ids.detach().cpu())
+        return forward(self, input_ids, *args, **kwargs)
+
+    object.__setattr__(tr.plan, "micro_batches", record_plan)
+    Trainer.score, TokenLogprobs.forward = record_score, record_forward
+    try:
+        for seed in range(3):
+            rng = random.Random(seed)
+            prompts = [[rng.randint(3, 300) for _ in range(rng.randint(4, 12))] for _ in range(n_prompts)]
+            completions = [[rng.randint(3, 300) for _ in range(rng.randint(1, 30))] for _ in range(n_prompts * G)]
+            batch = RolloutBatch([prompts[r // G] for r in range(n_prompts * G)], completions,
+                                 [None] * len(completions), [""] * len(completions), [False] * len(completions))
+            kept = [r for r in range(n_prompts * G) if (r + seed) % 5]  # a pruning outcome: some rows dropped
+            tr.update(batch, kept, torch.randn(n_prompts * G), torch.ones(len(kept), dtype=torch.float64),
+                      float(len(kept)), Timer())
+    finally:
+        Trainer.score, TokenLogprobs.forward = score, forward
+    assert len(scored) == len(rows_seen) > 3 * 4  # old + reference + 2 epochs of update passes, three times
+    assert max(len(mb.layout) for mb, _, _ in scored) > 1
+    for (mbatch, p_ids, c_ids), ids in zip(scored, rows_seen):
+        assert any(mbatch is mb for mb in planned)  # a micro-batch the plan made (or the dummy, never here)
+        if packing == "none":
+            want = [p_ids[s[0]] + c_ids[s[0]] for row in mbatch.layout for s in row]
+        else:
+            want = [[t for s in row for t in p_ids[s[0]] + [u for i in s for u in c_ids[i]]] for row in mbatch.layout]
+        assert ids.shape[0] == len(want)
+        for got, row in zip(ids.tolist(), want):
+            if packing == "none":  # padded: the sequence's tokens in order, padding around them
+                assert [t for t in got if t != pad] == row
+            else:
+                assert got[: len(row)] == row and set(got[len(row):]) <= {pad}

@@ -152,3 +152,68 @@ def test_reading_a_run_folder_imports_neither_torch_nor_the_trainer(tmp_path):
             "assert not loaded, loaded")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_run_stopped_part_way_is_not_finished(tmp_path):
+    """paper_figures builds a table only from runs trained to their end (a run killed mid-way has metrics, and
+    summarising it raised a KeyError): the last metrics line carries the final evaluation, or the run is missing."""
+    import json
+
+    def run(name, records):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return tmp_path / name
+
+    done = run("done", [{"step": 0, "eval/avg": 0.2}, {"step": 1, "loss": 0.1}, {"step": 2, "loss": 0.1, "eval/avg": 0.3}])
+    killed = run("killed", [{"step": 0, "eval/avg": 0.2}, {"step": 1, "loss": 0.1}])
+    assert results.finished(done) and not results.finished(killed) and not results.finished(tmp_path / "none")
+
+
+def _imports(lazy: bool) -> dict[str, set[str]]:
+    """dppo module -> the dppo modules it imports: at module level, or anywhere in it (`lazy`: imports inside
+    functions too)."""
+    import ast
+
+    out: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "dppo").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        found = out.setdefault(path.stem, set())
+        for node in (ast.walk(tree) if lazy else tree.body):
+            if isinstance(node, ast.ImportFrom) and node.module == "dppo":
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dppo."):
+                found.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("dppo.")}
+    return out
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph` (a path that returns to its start), or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node, path):
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return found
+        state[node] = 2
+        return None
+    return next((c for m in sorted(graph) if m not in state and (c := visit(m, [m]))), None)
+
+
+def test_no_import_cycle():
+    """No dppo module imports one that imports it back: at module level none, and counting the imports inside
+    functions too, none but the budget CLI's memory table (dppo.budget prints dppo.memory_plan's table; the plan
+    reads budget's token sizes). The rollout backends are named in a registry by import path (dppo.rollout), so
+    dppo.rollout and dppo.vllm_rollout no longer import each other. Negative control: the check finds a cycle
+    added to the graph."""
+    assert _cycle(_imports(lazy=False)) is None
+    graph = _imports(lazy=True)
+    graph["budget"].discard("memory_plan")
+    assert _cycle(graph) is None, _cycle(graph)
+    graph["vllm_rollout"].add("rollout")
+    graph["rollout"].add("vllm_rollout")
+    assert _cycle(graph) is not None
