@@ -116,10 +116,11 @@ else:
 import matplotlib.pyplot as plt
 
 plt.close("all")  # shown below, in the registry's order, from the files
+here = os.path.relpath(out, studies.ROOT)
 print("rebuilt here from their runs:", ", ".join(built) or "no table", "| runs missing (skipped):",
-      f"{len(missing)}, e.g. {missing[0]}" if missing else "none")
+      f"{len(missing)}, e.g. {os.path.relpath(missing[0], studies.ROOT)}" if missing else "none")
 if missing:  # what is shown below is what figures/ (or `out`) holds: the files of the last run that made them
-    print(f"the tables and figures below are the files in {out} as they stand")
+    print(f"the tables and figures below are the files in {here}/ as they stand")
 
 # %% [markdown]
 # ## The tables and figures, study by study
