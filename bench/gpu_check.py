@@ -16,7 +16,7 @@ SKIPPED, never passed. `--tolerance NAME=VALUE` replaces one tolerance (a test b
                    gradients
   update_memory    one update (forward + backward, bf16 autocast, checkpointing, dense packing) of a random Qwen3 with
                    the real vocabulary (151,936) at a few hundred M parameters: peak device memory <= the bound
-                   `dppo.budget.update_peak_bytes` predicts
+                   `dppo.memory_plan.update_peak_bytes` predicts
   vllm_logprobs    vLLM's sampled-token log-probs (processed: of logits / temperature) vs the trainer's scoring, in a
                    process group of one rank, as the trainer runs under accelerate
   vllm_follows     the trainer's order — generate, engine.sleep(), the weights change, engine.sync_weights(model),
@@ -402,7 +402,7 @@ def check_update_memory(rep: Report, device: str, hidden: int, layers: int) -> N
         return
     import torch
 
-    from dppo.budget import update_peak_bytes
+    from dppo.memory_plan import update_peak_bytes
     from dppo.packing import packed_completion_logprobs
     from dppo.scoring import logits_chunk_bytes
 

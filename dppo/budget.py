@@ -28,12 +28,12 @@ import yaml
 
 from dppo.config import TrainConfig
 from dppo.cost import training_multiplier
+from dppo.memory_plan import PROMPT_TOKENS, memory_table
 from dppo.studies import BY_NAME
 
 PEAK_FLOPS = 989e12  # H100 SXM, dense BF16 tensor-core peak (NVIDIA H100 Tensor Core GPU datasheet)
 TRAIN_MFU = 0.25  # assumed: NeMo AutoModel reports 28-44% MFU for BF16 FSDP2 training on DGX-H100 with TE kernels
 DECODE_MFU = 0.08  # assumed: batched vLLM decoding is bound by memory bandwidth, not FLOPs
-PROMPT_TOKENS = 150  # assumed mean prompt length (MATH problem + instruction + chat template)
 # records of the paper's hub datasets (so the dry run needs no download)
 DATASET_SIZES = {
     "hf:DigitalLearningGmbH/MATH-lighteval:train": 7500, "hf:HuggingFaceH4/MATH-500:test": 500,
@@ -127,26 +127,6 @@ def run_disk_bytes(cfg: TrainConfig) -> tuple[float, float]:
             final + checkpoints + CHECKPOINT_BYTES_PER_PARAM * n_params)
 
 
-def update_peak_bytes(n_params: float, hidden: int, intermediate: int, layers: int, vocab: int, tokens: int,
-                      checkpointing: bool = True, logits_chunk_bytes: int = 256 * 2**20, world: int = 1) -> float:
-    """An upper bound on the device memory of one update step (forward + backward + AdamW) under bf16 autocast over
-    fp32 master weights, checked by bench/gpu_check.py on a GPU:
-
-        16 N / world                 fp32 weights, gradients and AdamW's two moments (FSDP shards all four)
-      + 2 N                          bf16 copies autocast makes of the weights during a forward / backward
-      + T H 4 L  (checkpointing)     each layer's fp32 input kept for the recompute
-        or T (34 H + 5 I) L (not)    every layer's activations in bf16 (attention and MLP intermediates)
-      + T (34 H + 5 I)               one layer's activations, recomputed in the backward
-      + 3 logits_chunk_bytes + 4 V H the selective log-softmax's fp32 logits (forward, softmax, its gradient) and
-                                     the head's fp32 gradient accumulator
-    with T = tokens of the micro-batch, H hidden, I intermediate, L layers, V vocabulary; x 1.25 and + 1 GiB for the
-    allocator's fragmentation and the CUDA context's workspace."""
-    layer = tokens * (34 * hidden + 5 * intermediate)
-    acts = tokens * hidden * 4 * layers if checkpointing else layer * layers
-    need = 16 * n_params / world + 2 * n_params + acts + layer + 3 * logits_chunk_bytes + 4 * vocab * hidden
-    return 1.25 * need + 2**30
-
-
 def study_params(study: str, profile: str) -> dict:
     """The study notebook's papermill parameters under `profile` (the cpu profile: the notebook defaults)."""
     from dppo.studies import paper_params
@@ -197,33 +177,6 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
                      "disk_tb": disk / 1e12, "peak_tb": peak / 1e12, "configs": list(runs.values()),
                      "cpu_minutes": registry.BY_NAME[study].cpu_minutes})
     return commands, rows
-
-
-def memory_table(configs: list[tuple[str, TrainConfig]], gpus: int) -> list[str]:
-    """A markdown table of `dppo.memory_plan` per distinct (YAML, model, engine and micro-batch setting) of the runs:
-    the most sequences a rank's engine decodes at once and its max_num_seqs, its KV cache and the mean completion
-    length up to which it holds a budgeted rollout whole, and each phase's GB."""
-    from dppo import memory_plan as mp
-
-    lines = [f"# GPU plan per config ({gpus} processes; dppo.memory_plan states the assumptions)",
-             "| config | model | refill, packing | sequences a rank | max_num_seqs | KV tokens | mean length held | "
-             "awake GB | update GB | GPU GB |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    seen = set()
-    for cfg_path, cfg in configs:
-        if cfg.model_name_or_path.removeprefix("hf:") not in mp.QWEN3 or cfg.rollout_backend != "vllm":
-            continue
-        seqs, engine = mp.rollout_sequences_per_rank(cfg, gpus), mp.engine_max_num_seqs(cfg, gpus)
-        key = (Path(cfg_path).name, cfg.model_name_or_path, seqs, engine, mp.update_tokens(cfg),
-               cfg.vllm_gpu_memory_utilization)
-        if key in seen:
-            continue
-        seen.add(key)
-        m = mp.gpu_memory_plan(cfg, gpus)
-        lines.append(f"| {key[0]} | {cfg.model_name_or_path.removeprefix('hf:Qwen/')} | {cfg.refill}, {cfg.packing} | "
-                     f"{seqs} | {engine} | "
-                     f"{mp.vllm_kv_tokens(cfg, gpus):,} | {mp.preemption_free_length(cfg, gpus):,.0f} | "
-                     f"{m['awake'] / 1e9:.1f} | {m['update_phase'] / 1e9:.1f} | {m['gpu'] / 1e9:.0f} |")
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,7 +101,8 @@ class TrainConfig:
     loss_type: str = _f(None, "Surrogate: token-level clipped ratio, or GSPO's sequence-level ratio (§2.2).",
                         choices=tuple(POLICY_LOSSES))
     loss_agg: str = _f(None, "Loss aggregation (docs/method.md §2.2; TRL grpo = seq-mean-token-mean, dr_grpo = "
-                       "seq-mean-token-sum-norm, dapo = token-mean).", choices=AGGREGATIONS.keys())  # live: a registered aggregation is a choice
+                       "seq-mean-token-sum-norm, dapo = token-mean).",
+                       choices=AGGREGATIONS.keys())  # a live view: an aggregation registered later is a choice too
     clip_low: float = _f(None, "Lower clip range epsilon_low of the ratio.")
     clip_high: float = _f(None, "Upper clip range epsilon_high (DAPO clip-higher when larger than clip_low).")
     kl_coef: float = _f(0.0, "Coefficient beta of the k3 KL penalty to the initial policy (0 = no reference model).")

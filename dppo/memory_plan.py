@@ -10,25 +10,30 @@ A step on one GPU (one training process, its colocated vLLM engine; `dppo.vllm_r
            the process's CUDA context. The push is counted beside vLLM's whole share: an upper bound whether the
            engine wakes whole before it or its KV cache after it
   update   vLLM asleep (weights and KV cache off the device; the trainer empties torch's cache before it wakes):
-           `budget.update_peak_bytes` at the micro-batch's tokens, the reference's shard, what a sleeping engine
+           `update_peak_bytes` at the micro-batch's tokens, the reference's shard, what a sleeping engine
            keeps, the CUDA context
 
 so the activations of the update and vLLM's share never coexist, and the plan fits when both phases do.
 
 Assumptions, not measured here: CUDA_CONTEXT_BYTES, VLLM_ASLEEP_BYTES and VLLM_ACTIVATION_BYTES below; the GPU's
 nominal 80 GB (nvidia-smi reports 81,559 MiB = 85.5 GB for an H100 SXM, of which vLLM takes u: the plan, counting u
-of 80 GB against 80 GB, is conservative in both directions); prompts of `budget.PROMPT_TOKENS` tokens.
+of 80 GB against 80 GB, is conservative in both directions); prompts of `PROMPT_TOKENS` tokens.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dppo.budget import PROMPT_TOKENS, update_peak_bytes
 from dppo.pruning import build_pruner
 from dppo.scoring import cuda_logits_chunk_bytes
 
+if TYPE_CHECKING:
+    from dppo.config import TrainConfig
+
+PROMPT_TOKENS = 150  # assumed mean prompt length (MATH problem + instruction + chat template)
 PAPER_GPU_BYTES = 80 * 10**9  # the paper profile's GPU, an H100 SXM 80 GB (dppo.budget.PEAK_FLOPS is its bf16 peak)
 CUDA_CONTEXT_BYTES = 2 * 2**30  # per process: CUDA context, cuBLAS and NCCL workspaces (assumed: 1-2 GB is typical)
 VLLM_ASLEEP_BYTES = 2**30  # what a sleeping engine keeps on the GPU (CUDA graph pools, buffers; assumed)
@@ -186,3 +191,48 @@ def gpu_memory_plan(cfg, world: int, gpu_bytes: float = PAPER_GPU_BYTES) -> dict
     awake = sum(terms[k] for k in ("policy_shards", "reference_shard", "cuda_context", "vllm", "weight_push"))
     update = sum(terms[k] for k in ("update", "reference_shard", "cuda_context", "vllm_asleep"))
     return {**terms, "awake": awake, "update_phase": update, "peak": max(awake, update), "gpu": float(gpu_bytes)}
+
+
+def update_peak_bytes(n_params: float, hidden: int, intermediate: int, layers: int, vocab: int, tokens: int,
+                      checkpointing: bool = True, logits_chunk_bytes: int = 256 * 2**20, world: int = 1) -> float:
+    """An upper bound on the device memory of one update step (forward + backward + AdamW) under bf16 autocast over
+    fp32 master weights, checked by bench/gpu_check.py on a GPU:
+
+        16 N / world                 fp32 weights, gradients and AdamW's two moments (FSDP shards all four)
+      + 2 N                          bf16 copies autocast makes of the weights during a forward / backward
+      + T H 4 L  (checkpointing)     each layer's fp32 input kept for the recompute
+        or T (34 H + 5 I) L (not)    every layer's activations in bf16 (attention and MLP intermediates)
+      + T (34 H + 5 I)               one layer's activations, recomputed in the backward
+      + 3 logits_chunk_bytes + 4 V H the selective log-softmax's fp32 logits (forward, softmax, its gradient) and
+                                     the head's fp32 gradient accumulator
+    with T = tokens of the micro-batch, H hidden, I intermediate, L layers, V vocabulary; x 1.25 and + 1 GiB for the
+    allocator's fragmentation and the CUDA context's workspace."""
+    layer = tokens * (34 * hidden + 5 * intermediate)
+    acts = tokens * hidden * 4 * layers if checkpointing else layer * layers
+    need = 16 * n_params / world + 2 * n_params + acts + layer + 3 * logits_chunk_bytes + 4 * vocab * hidden
+    return 1.25 * need + 2**30
+
+
+def memory_table(configs: list[tuple[str, TrainConfig]], gpus: int) -> list[str]:
+    """A markdown table of `dppo.memory_plan` per distinct (YAML, model, engine and micro-batch setting) of the runs:
+    the most sequences a rank's engine decodes at once and its max_num_seqs, its KV cache and the mean completion
+    length up to which it holds a budgeted rollout whole, and each phase's GB."""
+    lines = [f"# GPU plan per config ({gpus} processes; dppo.memory_plan states the assumptions)",
+             "| config | model | refill, packing | sequences a rank | max_num_seqs | KV tokens | mean length held | "
+             "awake GB | update GB | GPU GB |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    seen = set()
+    for cfg_path, cfg in configs:
+        if cfg.model_name_or_path.removeprefix("hf:") not in QWEN3 or cfg.rollout_backend != "vllm":
+            continue
+        seqs, engine = rollout_sequences_per_rank(cfg, gpus), engine_max_num_seqs(cfg, gpus)
+        key = (Path(cfg_path).name, cfg.model_name_or_path, seqs, engine, update_tokens(cfg),
+               cfg.vllm_gpu_memory_utilization)
+        if key in seen:
+            continue
+        seen.add(key)
+        m = gpu_memory_plan(cfg, gpus)
+        lines.append(f"| {key[0]} | {cfg.model_name_or_path.removeprefix('hf:Qwen/')} | {cfg.refill}, {cfg.packing} | "
+                     f"{seqs} | {engine} | "
+                     f"{vllm_kv_tokens(cfg, gpus):,} | {preemption_free_length(cfg, gpus):,.0f} | "
+                     f"{m['awake'] / 1e9:.1f} | {m['update_phase'] / 1e9:.1f} | {m['gpu'] / 1e9:.0f} |")
+    return lines

@@ -142,8 +142,9 @@ class MicroBatchPlan:
                 micro_batch_size: int) -> "MicroBatchPlan":
         one_row = one_row_kernel(attn_implementation)
         if packing == "shared" and one_row:
-            warnings.warn(f"packing 'shared' with attn_implementation {attn_implementation} packs densely (flash-attn's "
-                          "varlen kernel cannot share a prompt between sequences; docs/method.md §3.3)", stacklevel=3)
+            warnings.warn(f"packing 'shared' with attn_implementation {attn_implementation} packs densely "
+                          "(flash-attn's varlen kernel cannot share a prompt between sequences; docs/method.md §3.3)",
+                          stacklevel=3)
             packing = "dense"
         return cls(packing, one_row, capacity, token_budget, micro_batch_size)
 

@@ -461,7 +461,8 @@ class Trainer:
         cfg, idx = self.cfg, mbatch.rows
         with self.autocast():
             logp, n_slots = self.score(self.model, p_ids, c_ids, mbatch)  # [n, T]
-            mask = pad_completions([torch.ones(len(c_ids[i])) for i in idx], logp.shape[1], logp.device)[1].to(logp.dtype)
+            ones = [torch.ones(len(c_ids[i])) for i in idx]
+            mask = pad_completions(ones, logp.shape[1], logp.device)[1].to(logp.dtype)
             old = logp.detach() if old_logp is None else old_logp[idx, : logp.shape[1]]
             ref = None if ref_logp is None else ref_logp[idx, : logp.shape[1]]
             tis, sums = None, {}

@@ -344,8 +344,9 @@ class DPPOTrainer(GRPOTrainer):
         a = self.args
         # DPPOConfig names DPPO's settings as TrainConfig does; kl_coef is TRL's beta, the aggregation its loss_type's
         # (only read when pruning, which DPPOConfig allows for LOSS_AGG's loss types only)
-        self.pruner = pruning.DPPO(**{mine: getattr(a, name) for name, mine in pruning.DPPO.config_fields.items()},
-                                   kl_coef=self.beta, loss_agg=LOSS_AGG[self.loss_type] if self.pruning else "token-mean")
+        settings = {mine: getattr(a, name) for name, mine in pruning.DPPO.config_fields.items()}
+        self.pruner = pruning.DPPO(**settings, kl_coef=self.beta,
+                                   loss_agg=LOSS_AGG[self.loss_type] if self.pruning else "token-mean")
         self.prompt_history = PromptHistory()
         self.pruning_log: deque[dict] = deque(maxlen=PRUNING_LOG_LENGTH)  # the last generation batches'
         self.scored_rows: dict[str, int] = defaultdict(int)

@@ -82,7 +82,8 @@ class VLLMRollout:
                               f"{world} processes (one vLLM engine per rank), got {cfg.vllm_tensor_parallel_size}")
         longest = max(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])
         path = resolve_model_path(cfg.model_name_or_path)
-        engine = cls(path, tokenizer, dtype=cfg.dtype, max_model_len=cfg.vllm_max_model_len or longest + cfg.max_new_tokens,
+        engine = cls(path, tokenizer, dtype=cfg.dtype,
+                     max_model_len=cfg.vllm_max_model_len or longest + cfg.max_new_tokens,
                      gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
                      tensor_parallel_size=cfg.vllm_tensor_parallel_size, max_num_seqs=engine_max_num_seqs(cfg, world),
                      seed=cfg.seed)

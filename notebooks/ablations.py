@@ -42,7 +42,7 @@ if smoke:
 out = results.figures_dir(smoke, profile, results_dir)
 layouts = studies.study_layouts("ablations", configs=configs, overrides=overrides, rates=rates)
 runs4 = results.run_layout(layouts["T4"], smoke=smoke, launch=launch, root=results_dir, profile=profile)
-t4 = tables.build(studies.TABLES["T4"], layouts["T4"], runs4, out, profile)  # its recipe: the registry's (dppo.studies.Table)
+t4 = tables.build(studies.TABLES["T4"], layouts["T4"], runs4, out, profile)  # the registry's recipe (studies.Table)
 display(Markdown((out / "T4_ablations.md").read_text()))
 
 # %%

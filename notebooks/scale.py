@@ -46,7 +46,7 @@ layout = studies.study_layouts("scale", configs=configs, overrides=overrides, la
 runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir, profile=profile)
 out = results.figures_dir(smoke, profile, results_dir)
 small, large = model_labels
-t3 = tables.build(studies.TABLES["T3"], layout, runs, out, profile)  # each model's DPPO against its GRPO (dppo.studies.Table)
+t3 = tables.build(studies.TABLES["T3"], layout, runs, out, profile)  # each DPPO against its model's GRPO
 display(Markdown((out / "T3_scale.md").read_text()))
 
 # %% [markdown]

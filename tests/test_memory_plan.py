@@ -142,7 +142,7 @@ def test_paper_models_are_the_sizes_their_names_say():
 
 def test_paper_memory_plans_fit_the_gpu_with_a_kv_cache_for_the_budgeted_rollout(paper_configs):
     """Per GPU, each phase of a step: awake (vLLM's share, the trainer's shards, the weight push's gathered tensor, the
-    CUDA context) and update (vLLM asleep; `budget.update_peak_bytes` at the micro-batch's tokens) within the GPU, and
+    CUDA context) and update (vLLM asleep; `memory_plan.update_peak_bytes` at the micro-batch's tokens) within the GPU, and
     vLLM's KV cache holding a rank's budgeted rollout whole at the budget's mean completion length (max_new_tokens / 2),
     so a call of the expected size is only preempted when its completions run longer on average."""
     over, short = {}, {}

@@ -201,8 +201,9 @@ def test_the_update_scores_the_rows_it_planned(tmp_path, embedded, packing, capa
 
     G, n_prompts = 4, 8
     tr = Trainer(TrainConfig(output_dir=str(tmp_path), train_size=16, eval_size=4, prompts_per_step=n_prompts,
-                             group_size=G, packing=packing, pack_capacity=capacity, micro_batch_tokens=2 * capacity + 40,
-                             micro_batch_size=3, num_minibatches=1, ppo_epochs=2, kl_coef=0.05, max_new_tokens=32))
+                             group_size=G, packing=packing, pack_capacity=capacity,
+                             micro_batch_tokens=2 * capacity + 40, micro_batch_size=3, num_minibatches=1, ppo_epochs=2,
+                             kl_coef=0.05, max_new_tokens=32))
     pad = tr.tok.pad_token_id
     planned, scored, rows_seen = [], [], []
     plan_micro_batches, score, forward = tr.plan.micro_batches, Trainer.score, TokenLogprobs.forward
