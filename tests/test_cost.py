@@ -77,9 +77,10 @@ def test_each_step_records_cpu_time_and_flops_and_shared_prompts_cost_less(tmp_p
         tr.engine.generate = lambda prompts, params: (generated.append(real_generate(prompts, params)), generated[-1])[1]
         micro, real_loss = [], tr.micro_batch_loss
 
-        def watch_micro_batch(mp, mc, idx, *args):
-            loss, n_slots, sums = real_loss(mp, mc, idx, *args)
-            micro.append((mp, mc, [tr.groups[i] for i in idx], n_slots))
+        def watch_micro_batch(mbatch, p_ids, c_ids, *args):
+            loss, n_slots, sums = real_loss(mbatch, p_ids, c_ids, *args)
+            groups = [k for k, seg in enumerate(mbatch.segments) for _ in seg]  # the prompt computation of each row
+            micro.append(([p_ids[i] for i in mbatch.rows], [c_ids[i] for i in mbatch.rows], groups, n_slots))
             return loss, n_slots, sums
         tr.micro_batch_loss = watch_micro_batch
         records[packing] = r = tr.train_step()
