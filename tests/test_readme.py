@@ -133,7 +133,9 @@ def test_contradictions_with_the_paper_are_stated_from_the_numbers():
                       index=["GRPO, small", "DPPO, small", "GRPO, embedded-large", "DPPO, embedded-large"])
     assert "-2.5 points" in against_paper("T3", t3) and against_paper("T3", t3.assign(acc_gain=0.5)) == ""
     grid = {f"r_q={rq}, r_o={ro}": 1 + rq + ro for rq in (0.3, 0.5) for ro in (0.3, 0.5)}
-    t5 = pd.DataFrame({"speedup": list(grid.values())}, index=list(grid))
+    t5 = pd.DataFrame({"speedup_flops": list(grid.values()), "speedup": list(grid.values())}, index=list(grid))
     assert against_paper("T5", t5) == ""
-    t5.loc["r_q=0.5, r_o=0.5", "speedup"] = 1.0
+    t5.loc["r_q=0.5, r_o=0.5", "speedup"] = 1.0  # a wall-clock dip: that cell ran in another group (not said)
+    assert against_paper("T5", t5) == ""
+    t5.loc["r_q=0.5, r_o=0.5", "speedup_flops"] = 1.0
     assert "not monotone" in against_paper("T5", t5) and "0.5, 0.5: 1.00x" in against_paper("T5", t5)
