@@ -15,6 +15,7 @@ import warnings
 import yaml
 
 from dppo.config import ConfigError, TrainConfig
+from dppo.errors import MissingDependency
 from dppo.runfiles import RunError, RunWarning
 
 
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _one_line_warning
     try:
         return args.func(args, rest)
-    except (ConfigError, RunError) as e:
+    except (ConfigError, RunError, MissingDependency) as e:
         print(f"dppo: error: {e}", file=sys.stderr)
         return 2
     except ValueError as e:  # data/model errors raised with a user-facing one-line message

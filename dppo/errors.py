@@ -8,6 +8,11 @@ class ConfigError(ValueError):
     """A one-line, user-facing configuration error."""
 
 
+class MissingDependency(ImportError):
+    """A package a run needs cannot be imported: one line naming it and the command that installs it (never a
+    silent fallback: a reward whose checker is missing would score every answer 0)."""
+
+
 def hub_hint(value: str, lead: str = "; ") -> str:
     """"; a hub id is written hf:<id>" when `value` looks like one (org/name, not a data file's name), else ""."""
     looks_like_hub = value.count("/") == 1 and not value.startswith((".", "/")) and \

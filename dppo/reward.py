@@ -15,7 +15,9 @@ dppo.arithmetic) states answers in its own words ("7 + 7 = 14") far more often t
 when there is one, still wins; only the last number counts, so listing candidates gains nothing.
 
 The same function scores the embedded task and paper-scale MATH/GSM8K. Malformed output (no
-\\boxed{}, unbalanced braces, unparsable LaTeX) scores 0 and never raises.
+\\boxed{}, unbalanced braces, unparsable LaTeX) scores 0 and never raises. A missing math-verify is not a wrong answer:
+it raises `MissingDependency` (one line with the install command), as does `require_checker`, which the trainer calls
+before it loads anything.
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ import re
 import threading
 from functools import lru_cache
 
+from dppo.errors import MissingDependency
+
 ANSWER_CHECKS = ("literal", "math")
+INSTALL_CHECKER = ("pip install 'math-verify>=0.7' (on a node without a package index: bash scripts/gpu_wheels.sh "
+                   "here, then docs/usage.md's air-gapped recipe)")
 ANSWER_FORMATS = ("boxed", "last_number")
 # a number not glued to a preceding word, digit or operator: "-3" alone is negative, the 2 of "4-2" is not
 _LAST_NUMBER = re.compile(r"(?<![\w.\-])-?\d+(?:\.\d+)?|(?<=[\w.\-])\d+(?:\.\d+)?")
@@ -61,10 +67,21 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_WithoutTimeoutNotice())
 
 
+def require_checker():
+    """The math_verify module, or `MissingDependency` naming the install command (math-verify, or one of its own
+    dependencies such as latex2sympy2_extended, not importable)."""
+    try:
+        import math_verify
+    except ImportError as e:
+        raise MissingDependency(f"the reward's answer checker math-verify cannot be imported ({e}); install it: "
+                                f"{INSTALL_CHECKER}") from None
+    return math_verify
+
+
 @lru_cache(maxsize=65536)
 def _verify(gold: str, pred: str) -> bool:
-    from math_verify import parse, verify
-
+    math_verify = require_checker()
+    parse, verify = math_verify.parse, math_verify.verify
     # math-verify's timeouts are SIGALRM, which only the main thread may set: elsewhere (a trainer in a thread, TRL's
     # async reward loop) they raise and every answer would score 0, so off the main thread there is no timeout
     limit = 5 if threading.current_thread() is threading.main_thread() else None
@@ -98,5 +115,7 @@ def math_reward(completion: str, gold: str, check: str = "literal", answer_forma
         return 0.0
     try:
         return float(_verify(gold.strip(), pred))
+    except MissingDependency:  # no checker is not a wrong answer
+        raise
     except Exception:  # math-verify can raise on pathological LaTeX; that is a wrong answer
         return 0.0

@@ -1,10 +1,13 @@
 """The embedded task and the math-verify reward."""
 
 import random
+import subprocess
+import sys
 import threading
 
 import pytest
 
+from dppo.errors import MissingDependency
 from dppo.reward import _verify, extract_boxed, math_reward
 from dppo.task import EVAL_SPLITS, LEVELS, make_eval, make_problem, make_train
 
@@ -98,3 +101,33 @@ def test_embedded_tokenizer_round_trips_any_text(embedded):
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert tok.unk_token_id not in ids
         assert tok.decode(ids) == text
+
+
+def _hidden_math_verify(monkeypatch):
+    """Imports of math_verify fail from here on, as where it is not installed (an air-gapped GPU image)."""
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # `import math_verify` raises ImportError
+    _verify.cache_clear()  # a cached verdict must not hide the missing checker
+
+
+def test_a_missing_checker_raises_one_line_naming_the_install_command(monkeypatch):
+    """Without math-verify every answer used to score 0 (the ImportError was taken for a wrong answer): a run that
+    learns nothing and says nothing. It raises now, wrong answers and right ones alike."""
+    _hidden_math_verify(monkeypatch)
+    for completion in ("\\boxed{4}", "\\boxed{5}"):
+        with pytest.raises(MissingDependency) as e:
+            math_reward(completion, "4")
+        assert "\n" not in str(e.value) and "pip install 'math-verify" in str(e.value), e.value
+    assert math_reward("no answer here", "4") == 0.0  # nothing to check: still 0, no checker needed
+    monkeypatch.undo()
+    _verify.cache_clear()
+    assert math_reward("\\boxed{4}", "4") == 1.0  # the checker back: the same call scores
+
+
+def test_train_without_the_checker_stops_in_one_line_before_loading_anything(tmp_path):
+    code = ("import sys; sys.modules['math_verify'] = None; from dppo.cli import main; "
+            f"sys.exit(main(['train', '--output_dir', {str(tmp_path / 'run')!r}, '--max_steps', '1']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dppo: error: the reward's answer checker math-verify"), lines
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
