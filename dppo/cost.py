@@ -38,6 +38,14 @@ class ModelShape:
         vocabulary logits of `logit_tokens` tokens."""
         return 2 * self.body_params * slots + 4 * self.layers * self.q_dim * pairs + 2 * self.vocab * self.hidden * logit_tokens
 
+    def scoring(self, segments: list[tuple[int, list[int]]], slots: float) -> float:
+        """FLOPs of one scoring forward (log-probs of completions after their prompts) over `segments`, each a
+        prompt computation (prompt length, its completions' lengths): the layout's token `slots`, the causal
+        (query, key) pairs they need (the prompt's, then each completion's over prompt + itself; for a single
+        completion (p + c)(p + c + 1) / 2), and the vocabulary logits of the completion tokens."""
+        pairs = sum(p * (p + 1) / 2 + sum(c * p + c * (c + 1) / 2 for c in cs) for p, cs in segments)
+        return self.forward(slots, pairs, sum(sum(cs) for _, cs in segments))
+
     def generation(self, prompt_lengths: list[int], completion_lengths: list[int], group_size: int = 1) -> float:
         """FLOPs of sampling each completion after its prompt with a KV cache, rows r = group_size·b + i sharing
         prompt b: the prompt is computed once per group (prefilled once, its cache shared by the group's

@@ -46,7 +46,7 @@ from dppo.machine import LoadMeter, describe, free_cores
 from dppo.model import load_policy
 from dppo.packing import MicroBatch, MicroBatchPlan, packed_completion_logprobs, shared_prompt_logprobs
 from dppo.pruning import NEEDS_LOGPROBS, build_pruner, logit_grad_sizes, prune_step
-from dppo.reward import math_reward
+from dppo.reward import math_reward, require_checker
 from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config, gather_rollouts, rollout_backend
 from dppo.runfiles import (MACHINE_METRICS, RunError, RunWarning, acquire_lock, append_line,  # noqa: F401
                            check_output_dir, checkpoint_state, config_changes, data_fingerprint, json_line,
@@ -164,6 +164,7 @@ class Trainer:
         from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs
 
         self.cfg = cfg.validate().check_machine()
+        require_checker()  # a missing math-verify stops here in one line, not as a run whose every reward is 0
         self.out = check_output_dir(cfg.output_dir)  # refuses '', '.', home, a file, an unwritable folder
         # DDP's per-forward buffer broadcast is off: ranks run their own no-grad passes (the buffers are constants)
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[
@@ -530,11 +531,8 @@ class Trainer:
         return logp, len(mp) * max(len(a) + len(b) for a, b in zip(mp, mc))
 
     def forward_flops(self, segs: list[tuple[int, list[int]]], slots: int) -> float:
-        """FLOPs of one scoring forward (`dppo.cost`) over `segments`: the layout's token slots, the causal
-        (query, key) pairs they need (the prompt's, then each completion's over prompt + itself; for a single
-        completion (p + c)(p + c + 1) / 2), and the vocabulary logits of the completion tokens."""
-        pairs = sum(p * (p + 1) / 2 + sum(c * p + c * (c + 1) / 2 for c in cs) for p, cs in segs)
-        return self.shape.forward(slots, pairs, sum(sum(cs) for _, cs in segs))
+        """FLOPs of one scoring forward over the segments (`cost.ModelShape.scoring`)."""
+        return self.shape.scoring(segs, slots)
 
     def autocast(self):
         """The compute dtype's autocast on the training device (a no-op for float32)."""

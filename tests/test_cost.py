@@ -67,9 +67,13 @@ def test_flops_against_a_hand_count_term_by_term():
 
 def test_each_step_records_cpu_time_and_flops_and_shared_prompts_cost_less(tmp_path, embedded):
     records = {}
-    for packing in ("none", "dense", "shared"):
-        tr = Trainer(TrainConfig(output_dir=str(tmp_path / packing), packing=packing, pack_capacity=256,
-                                 pruner="dppo", completion_prune_rate=0.5, **SMALL))
+    # (packing, gradient checkpointing): the recomputed forward is counted in what the trainer records, not only in
+    # the budget's estimate (bench/gpu_check.py's MFU divides by it)
+    for packing, checkpointing in (("none", False), ("dense", False), ("shared", False), ("dense", True)):
+        key = packing + ("+checkpointing" if checkpointing else "")
+        tr = Trainer(TrainConfig(output_dir=str(tmp_path / key), packing=packing, pack_capacity=256,
+                                 pruner="dppo", completion_prune_rate=0.5, gradient_checkpointing=checkpointing,
+                                 **SMALL))
         # completions fixed by the prompt alone: the same lengths, rewards and masks on any machine, so the strict
         # ordering below is a property of the layouts, not of what this machine's model happened to sample
         FixedRollout.install(tr)
@@ -83,8 +87,8 @@ def test_each_step_records_cpu_time_and_flops_and_shared_prompts_cost_less(tmp_p
             micro.append(([p_ids[i] for i in mbatch.rows], [c_ids[i] for i in mbatch.rows], groups, n_slots))
             return loss, n_slots, sums
         tr.micro_batch_loss = watch_micro_batch
-        records[packing] = r = tr.train_step()
-        # the update's FLOPs by hand: 3 forwards over each micro-batch's token slots (the layout's), the causal pairs of
+        records[key] = r = tr.train_step()
+        # the update's FLOPs by hand: 3 forwards (4 with checkpointing: the backward recomputes each layer) over each micro-batch's token slots (the layout's), the causal pairs of
         # each prompt computation (once per row; once per group with shared prompts) and of each completion over its
         # prompt and itself, and a logit row per completion token
         shape, update = ModelShape.of(tr.policy), 0.0
@@ -96,7 +100,7 @@ def test_each_step_records_cpu_time_and_flops_and_shared_prompts_cost_less(tmp_p
                     seen.add(key)
                     pairs += len(p) * (len(p) + 1) // 2
                 pairs += len(c) * len(p) + len(c) * (len(c) + 1) // 2
-            update += 3 * (2 * shape.body_params * n_slots + 4 * shape.layers * shape.q_dim * pairs
+            update += (4 if checkpointing else 3) * (2 * shape.body_params * n_slots + 4 * shape.layers * shape.q_dim * pairs
                            + 2 * shape.vocab * shape.hidden * sum(len(c) for c in mc))
         assert micro
         assert r["flops/update"] == update, (packing, r["flops/update"], update)
@@ -110,6 +114,7 @@ def test_each_step_records_cpu_time_and_flops_and_shared_prompts_cost_less(tmp_p
     none, dense, shared = (records[k] for k in ("none", "dense", "shared"))
     assert none["flops/rollout"] == dense["flops/rollout"] == shared["flops/rollout"]
     assert shared["flops/update"] < dense["flops/update"] < none["flops/update"]
+    assert records["dense+checkpointing"]["flops/update"] == pytest.approx(4 / 3 * dense["flops/update"], rel=1e-12)
 
 
 def _fake_run(path, wall, cpu, flops, acc=0.5, start=None, other_cores=(0.02, 0.02)):
