@@ -156,6 +156,15 @@ class Timer:
         self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - c0
 
 
+def enable_gradient_checkpointing(policy: torch.nn.Module) -> None:
+    """Recompute each decoder layer in the backward (non-reentrant checkpointing): transformers >= 5.2x names it
+    `activation_checkpointing_enable` (the old name warns), earlier releases `gradient_checkpointing_enable`."""
+    if hasattr(policy, "activation_checkpointing_enable"):
+        policy.activation_checkpointing_enable({"use_reentrant": False})
+    else:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         from datetime import timedelta
@@ -184,11 +193,8 @@ class Trainer:
         # torch.autocast (per trainer, so runs of different dtypes can share a process), fp16 with a grad scaler
         self.compute_dtype = COMPUTE_DTYPES[cfg.dtype]
         self.scaler = torch.amp.GradScaler("cuda") if cfg.dtype == "float16" else None
-        if cfg.gradient_checkpointing:  # transformers >= 5.2x: activation_checkpointing_enable (the old name warns)
-            if hasattr(policy, "activation_checkpointing_enable"):
-                policy.activation_checkpointing_enable({"use_reentrant": False})
-            else:
-                policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(policy)
         if cfg.chat_template:
             self.train = with_chat_template(self.train, self.tok, cfg.chat_template_kwargs)
             self.evals = {k: with_chat_template(v, self.tok, cfg.chat_template_kwargs) for k, v in self.evals.items()}

@@ -201,10 +201,9 @@ def fsdp_prepare(out: str, dtype: str, checkpointing: bool) -> None:
 
     policy, _ = load_policy_for(acc, "embedded", "sdpa")
     if checkpointing:  # as Trainer.__init__ for gradient_checkpointing
-        if hasattr(policy, "activation_checkpointing_enable"):
-            policy.activation_checkpointing_enable({"use_reentrant": False})
-        else:
-            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from dppo.trainer import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(policy)
     before = {"loads_weights": loads_weights(acc), "meta": any(p.is_meta for p in policy.parameters()),
               "distinct_storages": len({p.data_ptr() for p in policy.parameters()}) == len(list(policy.parameters())),
               "tied": policy.lm_head.weight is policy.model.embed_tokens.weight}
