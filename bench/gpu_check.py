@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import itertools
 import json
 import math
 import os
@@ -566,7 +567,7 @@ def check_fsdp(rep: Report, device: str, workdir: Path) -> None:
     n_tokens = sum(map(len, p_ids)) + sum(map(len, c_ids))
     rate = matrix_rate(device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    before = {k: v.detach().float().clone() for k, v in list(full_state_items(policy))[:3]}
+    before = {k: v.detach().float().clone() for k, v in itertools.islice(full_state_items(policy), 3)}
     losses, norms, seconds, peak = [], [], [], float("nan")
     for _ in range(2):  # the second update has AdamW's state allocated: the steady-state peak and time
         if cuda:
@@ -585,7 +586,7 @@ def check_fsdp(rep: Report, device: str, workdir: Path) -> None:
         losses.append(float(loss))
         if cuda:
             peak = torch.cuda.max_memory_allocated()
-    after = {k: v.detach().float() for k, v in list(full_state_items(policy))[:3]}
+    after = {k: v.detach().float() for k, v in itertools.islice(full_state_items(policy), 3)}
     moved = any(float((after[k] - before[k]).norm()) > 0 for k in before)
     finite = all(math.isfinite(x) for x in losses + norms)
     expected = f"FSDP2, {type(policy_in_force).__name__} bf16 all-gathers" if policy_in_force is not None else "-"

@@ -30,6 +30,7 @@ import random
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -321,6 +322,23 @@ def packaged_model_dir(name: str) -> Path:
     return out
 
 
+@contextmanager
+def reading_weights_on_every_rank():
+    """`from_pretrained` inside reads the checkpoint on every rank. Under `accelerate launch` with
+    fsdp_cpu_ram_efficient_loading (FSDP_CPU_RAM_EFFICIENT_LOADING=true, a process group up) transformers reads it on
+    local rank 0 only; transformers 5.17 (the GPU image's: pyproject.toml's lowest) then sets every parameter of the
+    other ranks to zeros, while 5.25 loads them. dppo decides itself which ranks skip the read
+    (`distributed.load_policy_for`); a `load_policy` (the HF rollout engine's full copy under FSDP, a reference
+    model) must return the checkpoint's weights, so the flag is hidden from transformers while it loads."""
+    key = "FSDP_CPU_RAM_EFFICIENT_LOADING"
+    saved = os.environ.pop(key, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[key] = saved
+
+
 def load_gguf(path: Path):
     """(fp32 model, tokenizer) from a GGUF file through transformers' de-quantisation. transformers marks a GGUF-loaded
     model as quantised (not serialisable) although its weights are plain fp32 tensors: they move into the same
@@ -330,7 +348,8 @@ def load_gguf(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    with reading_weights_on_every_rank():  # never a cached copy of zeros
+        loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     config = copy.deepcopy(loaded.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -370,8 +389,9 @@ def load_policy(name_or_path: str, dtype: str = "float32", attn_implementation: 
     path = resolve_model_path(name_or_path)
     try:
         tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
-                                                     attn_implementation=attn_implementation)
+        with reading_weights_on_every_rank():
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+                                                         attn_implementation=attn_implementation)
     except Exception as e:  # offline hub, network errors, missing or broken files, a kernel that is not installed
         first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise ValueError(f"cannot load model {name_or_path!r}: {first[:300]}") from None

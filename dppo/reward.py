@@ -30,7 +30,7 @@ from functools import lru_cache
 from dppo.errors import MissingDependency
 
 ANSWER_CHECKS = ("literal", "math")
-INSTALL_CHECKER = ("pip install 'math-verify>=0.7' (on a node without a package index: bash scripts/gpu_wheels.sh "
+INSTALL_CHECKER = ("pip install 'math-verify>=0.9' (on a node without a package index: bash scripts/gpu_wheels.sh "
                    "here, then docs/usage.md's air-gapped recipe)")
 ANSWER_FORMATS = ("boxed", "last_number")
 # a number not glued to a preceding word, digit or operator: "-3" alone is negative, the 2 of "4-2" is not

@@ -20,6 +20,14 @@
 #                                     it: the CUDA 13 toolkit's nvcc on PATH, tens of minutes; MAX_JOBS bounds its RAM).
 #                                     In that order: vLLM replaces any other torch, and flash-attn must match the final
 #                                     one.
+#   bash scripts/bootstrap.sh min     .venv-min: the lowest versions pyproject.toml claims, as the lent GPU machine's
+#                                     fixed image has them (torch 2.11.0, transformers 5.17.0, accelerate 1.15.0,
+#                                     tokenizers 0.23.2, safetensors 0.8.0, and pyyaml, tqdm, pandas, pyarrow, psutil,
+#                                     sympy, pytest), on CPU: PyPI's torch 2.11.0 is the CUDA build, with its nvidia-*
+#                                     wheels (~3 GB; it runs on CPU). Like the image it has no math-verify, vLLM or
+#                                     flash-attn and no dppo: the tests run dppo from PYTHONPATH, with math-verify from
+#                                     a wheels folder (run_tests.sh). The image's Python (3.12) and numpy (2.5.2, which
+#                                     needs Python 3.12) are not imitated: this venv has python3's Python and numpy.
 # Every pip call shows its own error and stops the script when it fails (a resolver conflict, a failed build).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -32,7 +40,10 @@ case "$MODE" in
   vllm) VENV="${DPPO_VLLM_VENV:-.venv-vllm}"; probe="import dppo, vllm"; TORCH_SPEC="torch==2.13.0" ;;
   gpu) VENV="${DPPO_GPU_VENV:-.venv-gpu}"; TORCH_SPEC="(vLLM's)"
        probe="import dppo, vllm, flash_attn, torch; assert torch.cuda.is_available()" ;;
-  *) echo "bootstrap.sh: mode must be main, vllm or gpu, got '$MODE'" >&2; exit 2 ;;
+  min) VENV="${DPPO_MIN_VENV:-.venv-min}"; TORCH_SPEC="torch==2.11.0"
+       probe="import torch, transformers, accelerate, yaml, tqdm, pandas, pyarrow, psutil, sympy, pytest
+assert torch.__version__.split('+')[0] == '2.11.0' and transformers.__version__ == '5.17.0', 'versions'" ;;
+  *) echo "bootstrap.sh: mode must be main, vllm, gpu or min, got '$MODE'" >&2; exit 2 ;;
 esac
 want="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1) $MODE $TORCH_SPEC"
 stamp="$VENV/.dppo-installed"
@@ -65,6 +76,20 @@ if [ "$MODE" = gpu ]; then
     echo "[bootstrap] $VENV is incomplete: $("$VENV/bin/python" -m dppo.launch --check-gpu 2>&1 | tail -n 1)" >&2
     exit 1
   fi
+  echo "$want" > "$stamp"
+  exit 0
+fi
+if [ "$MODE" = min ]; then  # the GPU image's versions (pyproject.toml's lower bounds); no dppo, no math-verify
+  pip install -q "$TORCH_SPEC" transformers==5.17.0 accelerate==1.15.0 tokenizers==0.23.2 safetensors==0.8.0 \
+    pyyaml tqdm pandas pyarrow psutil sympy pytest
+  for absent in dppo math_verify vllm flash_attn; do  # a leftover install would hide what the image lacks
+    if (cd "$VENV" && bin/python -c "import $absent" 2>/dev/null); then  # from the venv: not the checkout's dppo
+      echo "[bootstrap] $VENV has $absent, which the GPU image lacks; remove $VENV and re-run" >&2; exit 1
+    fi
+  done
+  "$VENV/bin/python" -c "$probe
+print('[bootstrap] min: torch', torch.__version__, '| transformers', transformers.__version__,
+      '| accelerate', accelerate.__version__)"
   echo "$want" > "$stamp"
   exit 0
 fi

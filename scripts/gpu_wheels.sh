@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 DIR="${1:-.whl}"
 PYVER="${GPU_WHEELS_PYTHON:-3.12}"
-WHEELS=(  # the versions .venv tests (scripts/bootstrap.sh installs them through pyproject's math-verify>=0.7)
+WHEELS=(  # the versions .venv tests (pyproject's math-verify>=0.9; scripts/bootstrap.sh installs the newest)
   "math-verify==0.9.0"              # dppo.reward: parse and verify the answer
   "latex2sympy2_extended==1.11.0"   # math-verify's LaTeX parser
   "antlr4-python3-runtime==4.13.2"  # latex2sympy2_extended's parser runtime (exactly this version)

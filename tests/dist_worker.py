@@ -221,7 +221,11 @@ def fsdp_prepare(out: str, dtype: str, checkpointing: bool) -> None:
     record("gate_proj", policy.model.layers[0].mlp.gate_proj)
     record("embed", policy.model.embed_tokens)
     record("frozen_gate_proj", frozen.policy.model.layers[0].mlp.gate_proj)
-    all_gather_single, reduce_scatter_single = dist.all_gather_single, dist.reduce_scatter_single
+    # the collectives fully_shard calls: torch 2.13 names them all_gather_single / reduce_scatter_single, torch 2.11
+    # (the GPU image's, pyproject.toml's lowest) all_gather_into_tensor / reduce_scatter_tensor (both still exist in 2.13)
+    ag_name, rs_name = (("all_gather_single", "reduce_scatter_single") if hasattr(dist, "all_gather_single")
+                        else ("all_gather_into_tensor", "reduce_scatter_tensor"))
+    all_gather_single, reduce_scatter_single = getattr(dist, ag_name), getattr(dist, rs_name)
 
     def gather(output_tensor, input_tensor, *args, **kwargs):
         seen["all_gather"].append(str(input_tensor.dtype))
@@ -231,7 +235,8 @@ def fsdp_prepare(out: str, dtype: str, checkpointing: bool) -> None:
         seen["reduce_scatter"].append(str(input.dtype))
         return reduce_scatter_single(output, input, *args, **kwargs)
 
-    dist.all_gather_single, dist.reduce_scatter_single = gather, reduce
+    setattr(dist, ag_name, gather)
+    setattr(dist, rs_name, reduce)
     mine = list(range(rank, len(p_ids), world))
     with torch.no_grad(), autocast():  # the KL reference before the first update: the policy's scores exactly
         mp, mc = [p_ids[i] for i in mine], [c_ids[i] for i in mine]
@@ -240,7 +245,8 @@ def fsdp_prepare(out: str, dtype: str, checkpointing: bool) -> None:
     layer_calls = len(seen["gate_proj"])
     acc.backward(loss_of(model, mine) * world)  # the gradient is reduce-scattered as an average over ranks
     layer_calls = len(seen["gate_proj"]) - layer_calls  # 2 with checkpointing: the forward and its recompute
-    dist.all_gather_single, dist.reduce_scatter_single = all_gather_single, reduce_scatter_single
+    setattr(dist, ag_name, all_gather_single)
+    setattr(dist, rs_name, reduce_scatter_single)
     local = {"param": {str(p.to_local().dtype) for p in model.parameters()},
              "grad": {str(p.grad.to_local().dtype) for p in model.parameters()}}
     grads = {k: v.grad.full_tensor() for k, v in model.named_parameters()}
