@@ -103,6 +103,9 @@ STUDIES = (
           in_default_run=False, cpu_minutes=48),
 )
 BY_NAME = {s.name: s for s in STUDIES}
+# What ./reproduce.sh runs without --study, under either profile (cpu, paper: the same list); paper_figures asks for
+# every table and figure of these and of no other study (R1's only when it is named).
+DEFAULT_RUN = tuple(s for s in STUDIES if s.in_default_run)
 TABLES = {t.key: t for s in STUDIES for t in s.tables}  # every table by key, in the registry's order
 FIGURE_F1 = "F1_method_overview"  # drawn by paper_figures itself (no runs)
 
@@ -367,4 +370,4 @@ def run_dirs(layout: dict, seeds=(0,), root: str | Path = RESULTS) -> dict[str, 
 
 
 if __name__ == "__main__":  # ./reproduce.sh: the study names it runs without --study, in order (--all: every study)
-    sys.stdout.write("\n".join(s.name for s in STUDIES if s.in_default_run or sys.argv[1:] == ["--all"]) + "\n")
+    sys.stdout.write("\n".join(s.name for s in (STUDIES if sys.argv[1:] == ["--all"] else DEFAULT_RUN)) + "\n")

@@ -3,7 +3,8 @@
 Everything the toy changes is written in `experiments/paper/toy.yaml` and applied here, in three places only:
 `apply` (each training run's config: hub models -> a random-init tiny Qwen3 built locally, hub data -> the
 fixtures, the fields listed there), `study_params` (each study's papermill parameters: launch through torchrun,
-1 or 2 processes) and `root` (results and figures under the toy root). The switch is the environment variable
+1 or 2 processes, smaller T5 grid and F3 / F4 sizes; paper_figures reads them too, to find what the studies trained)
+and `root` (results and figures under the toy root). The switch is the environment variable
 `DPPO_TOY=1`, which reproduce.sh sets for the notebooks it runs and the runs they launch inherit.
 
     python -m dppo.toy params <study>   the study's papermill parameters under the toy (YAML, on stdout)

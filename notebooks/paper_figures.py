@@ -30,31 +30,35 @@ profile = "cpu"  # "paper": results under experiments/results/paper, tables and 
 complete = True  # every study's results must be there (False, as after ./reproduce.sh --study X: what exists)
 
 # %%
+import time
 from pathlib import Path
 
 import pandas as pd
 from IPython.display import Image, Markdown, display
 
-from dppo import figures, results, studies, tables
+from dppo import figures, results, studies, tables, toy
 
+started = time.time() - 1  # what this execution writes is newer (a file's time is coarser than the clock's)
 root = results.study_root(results_dir, smoke, profile)
 out = results.figures_dir(smoke, profile, results_dir)
 paper = profile == "paper" and not results_dir  # each study's runs where its experiments/paper/<study>.yaml put them
-seeds = {s.name: (s.seeds[:2] if smoke else studies.paper_params(s.name).get("seeds", s.seeds) if paper else s.seeds)
+# a study's parameters under the paper profile as ./reproduce.sh gave them (--toy: with experiments/paper/toy.yaml's)
+params_of = toy.study_params if toy.active() else studies.paper_params
+seeds = {s.name: (s.seeds[:2] if smoke else params_of(s.name).get("seeds", s.seeds) if paper else s.seeds)
          for s in studies.STUDIES}
-rates = list(studies.T5_SMOKE_RATES if smoke else studies.paper_params("ablations").get("rates", studies.T5_RATES)
+rates = list(studies.T5_SMOKE_RATES if smoke else params_of("ablations").get("rates", studies.T5_RATES)
              if paper else studies.T5_RATES)
 missing = []
 
 
 def layout(study: str, table: str) -> dict:
     """The table's runs and row labels as the study trained them (the paper profile: with its parameter file)."""
-    params = studies.layout_params(studies.paper_params(study)) if paper else {}
+    params = studies.layout_params(params_of(study)) if paper else {}
     return studies.study_layouts(study, **{**params, **({"rates": rates} if study == "ablations" else {})})[table]
 
 
 def root_of(study: str) -> Path:
-    return results.study_root(studies.paper_params(study).get("results_dir", ""), smoke, profile) if paper else root
+    return results.study_root(params_of(study).get("results_dir", ""), smoke, profile) if paper else root
 
 
 def have(layout, study):
@@ -141,7 +145,12 @@ assert (out / f"{studies.FIGURE_F1}.png").is_file()
 print("tables rebuilt identical to the study notebooks':", compared or "none written after their runs")
 if smoke:  # the test command runs the study notebooks first (T3's after this one), each into a clean folder
     assert {"T1_main_results", "T2_algorithms", "T4_ablations", "T5_sensitivity"} <= set(compared), compared
-if complete and not smoke:
-    assert not missing, missing
-    assert all((out / f"{t.name}.md").is_file() for s in studies.STUDIES if s.in_default_run for t in s.tables)
-    assert all((out / f"{n}.png").is_file() for s in studies.STUDIES for n in s.figures)
+if complete and not smoke:  # every table and figure of the studies ./reproduce.sh runs without --study under either
+    assert not missing, missing  # profile (studies.DEFAULT_RUN), and of no other (R1's only when real_model is named):
+    made = [f"{t.name}{end}" for s in studies.DEFAULT_RUN for t in s.tables  # with every run there, this notebook
+            for end in (".csv", ".md", "_seeds.csv") + (("_equal_compute.csv",) if t.at_equal_compute else ())]
+    made += [f"{name}.png" for s in studies.DEFAULT_RUN for name in s.figures]  # has just (re)written each of them
+    stale = [name for name in made if not (out / name).is_file() or (out / name).stat().st_mtime < started]
+    assert not stale, f"not written by this run into {here}/ (missing, or left by an earlier one): {stale}"
+    print(f"complete: the {len(made)} tables and figures of {', '.join(s.name for s in studies.DEFAULT_RUN)}, "
+          f"written into {here}/ by this run")

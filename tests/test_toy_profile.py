@@ -1,7 +1,8 @@
 """The paper profile end to end, at toy scale (`./reproduce.sh --profile paper --toy`; experiments/paper/toy.yaml
-lists everything the toy changes): the paper's T1 recipes through the real orchestration — papermill, each run its own
-launched process group (torchrun, 2 gloo processes), the paper's data loaders on benchmark-schema records — then the
-case study and paper_figures, reporting into the toy root's figures/paper/."""
+lists everything the toy changes), every study it runs, as a new user runs it: the paper's recipes through the real
+orchestration — papermill, each run its own launched process group (torchrun; T1 on 2 gloo processes), the paper's
+data loaders on benchmark-schema records — then paper_figures with its completeness check, reporting into the toy
+root's figures/paper/; the command must end with exit 0."""
 
 import hashlib
 import json
@@ -28,15 +29,29 @@ def _digest(folder: Path) -> str:
 
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory):
-    """./reproduce.sh --profile paper --toy --study main_results --study case_study into a fresh toy root."""
+    """./reproduce.sh --profile paper --toy (every study, then paper_figures) into a fresh toy root."""
     root = tmp_path_factory.mktemp("toy")
     cpu_figures = _digest(ROOT / "figures")
     env = {**os.environ, "DPPO_TOY_ROOT": str(root)}
     env.pop("DPPO_TOY", None)
-    done = subprocess.run(["bash", "reproduce.sh", "--profile", "paper", "--toy", "--study", "main_results",
-                           "--study", "case_study"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(["bash", "reproduce.sh", "--profile", "paper", "--toy"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=3600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return root, done.stdout + done.stderr, cpu_figures
+
+
+def test_every_study_of_the_profile_ran_then_paper_figures_found_them_all(toy_run):
+    root, log, _ = toy_run
+    ran = [s.name for s in studies.DEFAULT_RUN] + ["paper_figures"]  # in order (reproduce.sh's time per study)
+    assert [ln.split()[0] for ln in log.split("time per study:\n", 1)[1].splitlines()[:len(ran)]] == ran
+    assert all((root / "notebooks" / f"{name}.ipynb").is_file() for name in ran)
+    # paper_figures ran its completeness check (complete, not smoke) over what the profile's studies make, and only that
+    executed = (root / "notebooks" / "paper_figures.ipynb").read_text()
+    assert "complete: the " in executed and "written into" in executed
+    out = root / "figures" / "paper"
+    for study in studies.STUDIES:
+        for name in study.figures:
+            assert (out / f"{name}.png").is_file() == study.in_default_run, name  # R1's curves: only when named
 
 
 def test_t1_trains_the_paper_recipes_each_launched_on_two_processes(toy_run):
@@ -68,10 +83,14 @@ def test_t1_trains_the_paper_recipes_each_launched_on_two_processes(toy_run):
 def test_tables_have_a_column_per_paper_benchmark_and_the_cpu_figures_stay(toy_run):
     root, _, cpu_figures = toy_run
     out = root / "figures" / "paper"
-    t1 = pd.read_csv(out / "T1_main_results.csv", index_col=0)
-    assert list(t1.index) == list(studies.T1_RUNS)
-    for split in BENCHMARKS + ["avg"]:
-        assert f"acc/{split}" in t1.columns, split
+    for study in studies.DEFAULT_RUN:  # every table: a row per run of its layout as the toy trained it
+        layouts = studies.study_layouts(study.name, **studies.layout_params(toy.study_params(study.name)))
+        for recipe in study.tables:
+            got = pd.read_csv(out / f"{recipe.name}.csv", index_col=0)
+            assert list(got.index) == list(layouts[recipe.key]), recipe.name
+            for split in BENCHMARKS + ["avg"]:
+                assert f"acc/{split}" in got.columns, (recipe.name, split)
+    assert list(pd.read_csv(out / "T1_main_results.csv", index_col=0).index) == list(studies.T1_RUNS)
     table = (out / "T1_main_results.md").read_text()
     assert all(f" {b} " in table for b in BENCHMARKS) and "CPU" not in table.split("\n\n", 1)[1]
     for name in ("F1_method_overview", "F2_training_curves", "F5_case_study"):
