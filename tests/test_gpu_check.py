@@ -58,14 +58,19 @@ def assert_dry_run(rc: int, verdicts: dict[str, str], out: str, folder: Path) ->
 
 
 def test_dry_run_passes_what_it_can_and_says_what_it_could_not(tmp_path):
-    rc, verdicts, out = gpu_check(out=tmp_path)
-    assert_dry_run(rc, verdicts, out, tmp_path)
+    """The packed and FSDP2 groups with this environment's (the newest) versions; the whole dry run, train included,
+    runs in the image-like environment (tests/test_gpu_image.py: `assert_dry_run`), the trainer here in
+    tests/test_trainer.py."""
+    rc, verdicts, out = gpu_check("--only", "packed", "--only", "fsdp", out=tmp_path)
+    assert rc == 3, out
+    for name in ("torch", "dppo_imports", "reward_checker", "packed_fp32", "packed_bf16", "fsdp_update", "mfu"):
+        assert verdicts[name] == "PASS", (name, out)
     assert verdicts["vllm"] == "NOT AVAILABLE HERE (vLLM not importable: ModuleNotFoundError: No module named 'vllm')"
+    assert verdicts["update_memory"] == "NOT AVAILABLE HERE (device memory is measured on CUDA only)"
+    assert "train" not in verdicts and table(out) == {k: v.split(" (")[0] for k, v in verdicts.items()}
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result["device"] == "cpu" and result["verdict"] == "NOT AVAILABLE HERE" and result["exit"] == 3
-    train = next(r["value"] for r in result["rows"] if r["check"] == "train")
-    assert "weights moved: True; reward above 0: True" in train, train  # the FSDP2 row: sharded at world size 1
-    fsdp = next(r["value"] for r in result["rows"] if r["check"] == "fsdp_update")
+    fsdp = next(r["value"] for r in result["rows"] if r["check"] == "fsdp_update")  # FSDP2 at world size 1
     assert "sharded: True" in fsdp and "head tied: True" in fsdp and "cpu_ram_efficient_loading True" in fsdp, fsdp
 
 
