@@ -78,15 +78,15 @@ def test_verdict_is_unresolved_when_the_baseline_did_not_learn():
 
 def test_verdict_higher_and_one_seed():
     """The branches the test above leaves: a gain interval above 0 ("higher"), and one seed (no interval: the
-    accuracy is unresolved, the speed-up judged by its value)."""
+    accuracy is unresolved, the speed-up judged by its value and said to be one seed's)."""
     from dppo.readme import verdict
 
     summary, seeds = _table([5.0, 6.0, 5.5], [20, 22, 21], [30, 34, 32], [1.8, 1.9, 2.0])
     assert verdict(summary, seeds, "DPPO", "GRPO") == "faster, accuracy higher"
     summary, seeds = _table([5.0], [20], [30], [1.2])
-    assert verdict(summary, seeds, "DPPO", "GRPO") == "faster, accuracy unresolved"
+    assert verdict(summary, seeds, "DPPO", "GRPO") == "faster in 1 seed, accuracy unresolved"
     summary, seeds = _table([5.0], [20], [30], [0.9])
-    assert verdict(summary, seeds, "DPPO", "GRPO") == "not faster, accuracy unresolved"
+    assert verdict(summary, seeds, "DPPO", "GRPO") == "not faster in 1 seed, accuracy unresolved"
 
 
 def test_every_stated_model_size_is_counted_from_the_weights():
@@ -120,22 +120,34 @@ def test_every_markdown_table_row_has_its_headers_cells():
     assert not broken, broken
 
 
-def test_contradictions_with_the_paper_are_stated_from_the_numbers():
-    """'against the paper' appears exactly where a table's means contradict the paper's claim, computed from them."""
+def test_contradictions_with_the_paper_are_stated_from_the_intervals():
+    """'against the paper' appears exactly where a table's intervals over seeds contradict the paper's claim: a mean
+    above DPPO's whose paired interval holds 0 (T1's CPPO in the committed figures: +1.7 ± 9.1), or one seed,
+    contradicts nothing."""
     import pandas as pd
 
-    from dppo.readme import against_paper
+    from dppo.readme import against_paper, paired
+
+    def seeds(acc: dict[str, list[float]]) -> pd.DataFrame:
+        return pd.DataFrame([{"label": k, "seed": s, "acc/avg": a} for k, v in acc.items() for s, a in enumerate(v)])
 
     t1 = pd.DataFrame({"acc_gain": [0.0, 3.0, 2.0]}, index=["GRPO", "CPPO", "DPPO"])
-    assert "CPPO's mean gain (+3.0) above DPPO's (+2.0)" in against_paper("T1", t1)
-    assert against_paper("T1", t1.assign(acc_gain=[0.0, 1.0, 2.0])) == ""
-    t3 = pd.DataFrame({"acc_gain": [0.0, 1.0, 0.0, -2.5]},
+    clear = seeds({"GRPO": [30, 31, 32], "CPPO": [36, 37, 38], "DPPO": [33, 34, 35]})  # CPPO - DPPO = 3, 3, 3
+    assert paired(clear, "CPPO", "DPPO") == (3.0, 0.0, 3)
+    assert against_paper("T1", t1, clear) == "against the paper: CPPO more accurate than DPPO by +3.0 ± 0.0 points " \
+                                             "(paired, 3 seeds)"
+    noisy = seeds({"GRPO": [30, 31, 32], "CPPO": [40, 30, 38], "DPPO": [33, 34, 35]})  # +7, -4, +3: holds 0
+    assert paired(noisy, "CPPO", "DPPO")[0] > 0 and against_paper("T1", t1, noisy) == ""
+    assert against_paper("T1", t1, seeds({"GRPO": [30], "CPPO": [40], "DPPO": [33]})) == ""  # one seed
+    t3 = pd.DataFrame({"acc_gain": [0.0, 1.0, 0.0, -2.5], "acc_gain_ci": [0.0, 1.0, 0.0, 1.0]},
                       index=["GRPO, small", "DPPO, small", "GRPO, embedded-large", "DPPO, embedded-large"])
-    assert "-2.5 points" in against_paper("T3", t3) and against_paper("T3", t3.assign(acc_gain=0.5)) == ""
+    assert "-2.5 ± 1.0 points" in against_paper("T3", t3, clear)
+    assert against_paper("T3", t3.assign(acc_gain_ci=3.0), clear) == ""  # the interval holds 0
+    assert against_paper("T3", t3.assign(acc_gain_ci=float("nan")), clear) == ""  # one seed
     grid = {f"r_q={rq}, r_o={ro}": 1 + rq + ro for rq in (0.3, 0.5) for ro in (0.3, 0.5)}
     t5 = pd.DataFrame({"speedup_flops": list(grid.values()), "speedup": list(grid.values())}, index=list(grid))
-    assert against_paper("T5", t5) == ""
+    assert against_paper("T5", t5, clear) == ""
     t5.loc["r_q=0.5, r_o=0.5", "speedup"] = 1.0  # a wall-clock dip: that cell ran in another group (not said)
-    assert against_paper("T5", t5) == ""
+    assert against_paper("T5", t5, clear) == ""
     t5.loc["r_q=0.5, r_o=0.5", "speedup_flops"] = 1.0
-    assert "not monotone" in against_paper("T5", t5) and "0.5, 0.5: 1.00x" in against_paper("T5", t5)
+    assert "not monotone" in against_paper("T5", t5, clear) and "0.5, 0.5: 1.00x" in against_paper("T5", t5, clear)
