@@ -35,14 +35,19 @@ def _run(row: pd.Series) -> str:
             f"{_value(row, 'acc_gain', ' points', '+')}")
 
 
+def _interval(values: pd.Series) -> tuple[float, float, int]:
+    """(mean, 95% t half-width, n) of one value per seed (NaN half-width for one seed; NaN mean for none)."""
+    from dppo.tables import t_quantile
+
+    n = len(values)
+    half = t_quantile(n - 1) * float(values.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
+    return (float(values.mean()) if n else math.nan), half, n
+
+
 def _learned(seeds: pd.DataFrame, label: str) -> tuple[float, float]:
     """(mean, 95% half-width) over seeds of a row's final minus starting accuracy in points (NaN half-width for one
     seed): did its training raise accuracy at all."""
-    from dppo.tables import t_quantile
-
-    gain = (seeds["acc/avg"] - seeds["acc/start"])[seeds["label"] == label]
-    n = len(gain)
-    return float(gain.mean()), (t_quantile(n - 1) * float(gain.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan)
+    return _interval((seeds["acc/avg"] - seeds["acc/start"])[seeds["label"] == label])[:2]
 
 
 def learning(seeds: pd.DataFrame, baselines) -> str:
@@ -79,13 +84,8 @@ def verdict(df: pd.DataFrame, seeds: pd.DataFrame, label: str, baseline: str) ->
 def paired(seeds: pd.DataFrame, a: str, b: str, key: str = "acc/avg") -> tuple[float, float, int]:
     """(mean, 95% t half-width, n) over the seeds both rows ran of row a's `key` minus row b's (NaN half-width for
     one seed): a difference judged by the seeds, not by the means."""
-    from dppo.tables import t_quantile
-
     wide = seeds.pivot_table(index="seed", columns="label", values=key)
-    d = (wide[a] - wide[b]).dropna() if a in wide and b in wide else pd.Series(dtype=float)
-    n = len(d)
-    half = t_quantile(n - 1) * float(d.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
-    return float(d.mean()) if n else math.nan, half, n
+    return _interval((wide[a] - wide[b]).dropna() if a in wide and b in wide else pd.Series(dtype=float))
 
 
 def against_paper(table: str, df: pd.DataFrame, seeds: pd.DataFrame) -> str:
