@@ -86,7 +86,7 @@ def run_gpu_hours(cfg: TrainConfig) -> float:
     n_params = model_params(cfg.model_name_or_path.removeprefix("hf:"))
     tokens = PROMPT_TOKENS + cfg.max_new_tokens / 2
     prompts = dataset_size(cfg.dataset, None, cfg.train_size) * cfg.epochs
-    rolled = 1.0 - (cfg.prompt_prune_rate / 2 if cfg.pruner in ("dppo", "dppo_biased") else 0.0)
+    rolled = 1.0 - (cfg.prompt_prune_rate / 2 if cfg.pruner in ("dppo", "dppo_biased", "dppo_unweighted") else 0.0)
     trained = rolled * (1.0 - cfg.completion_prune_rate)
     samples = prompts * cfg.group_size
     train_flops = samples * tokens * trained * update_flops_per_token(cfg, n_params)

@@ -111,7 +111,8 @@ class TrainConfig:
     adv_eps: float = _f(1e-6, "epsilon in A = (r - mean) / (std + epsilon): 1e-6 as verl (the paper's framework); "
                         "TRL hard-codes 1e-4.")
     # ---- pruning (docs/method.md §2.3-2.6)
-    pruner: str = _f("none", "none | dppo (unbiased, 1/pi weights) | dppo_biased (same masks, no weights) | cppo | "
+    pruner: str = _f("none", "none | dppo (unbiased, 1/pi weights) | dppo_biased (same masks, no weights, mean over the kept) | "
+                     "dppo_unweighted (same masks and Z, no weights) | cppo | "
                      "greso | dapo_filter.", choices=tuple(PRUNERS))
     prompt_prune_rate: float = _f(0.0, "r_q: candidate prompts are kept with probability 1 - r_q (dppo*).")
     completion_prune_rate: float = _f(0.0, "r_o: candidate completions are kept with probability 1 - r_o (dppo*); "
@@ -266,7 +267,7 @@ class TrainConfig:
         _check(self.refill == "none" or self.pruner != "dapo_filter", "refill",
                "'none' with pruner dapo_filter (DAPO refills by its own rounds)", self.refill)
         check_pruning_fields(self)
-        _check(self.loss_normaliser == "covered" or PRUNERS[self.pruner].weighted, "loss_normaliser",
+        _check(self.loss_normaliser == "covered" or PRUNERS[self.pruner].unbiased_z, "loss_normaliser",
                f"'covered' with pruner {self.pruner} (an unweighted baseline: a plain mean over what it keeps)",
                self.loss_normaliser)
         defaults = {f.name: f.default for f in fields(self)}

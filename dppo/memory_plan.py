@@ -88,7 +88,7 @@ def min_prompt_inclusion(cfg) -> float:
     """The smallest inclusion probability the prompt stage gives a prompt: DPPO's uniform rule 1 - r_q (bernoulli;
     fixed_count's (n - floor(r_q n)) / n is no smaller), its proportional rule (1 - lambda) pi_min + lambda (1 - r_q),
     GRESO's max(p^z, 0.01) >= 0.01; 1 for pruners without a prompt stage."""
-    if cfg.pruner in ("dppo", "dppo_biased") and cfg.prompt_prune_rate > 0:
+    if cfg.pruner in ("dppo", "dppo_biased", "dppo_unweighted") and cfg.prompt_prune_rate > 0:
         uniform = 1.0 - cfg.prompt_prune_rate
         if cfg.inclusion == "proportional":
             return (1 - cfg.uniform_mix) * cfg.inclusion_floor + cfg.uniform_mix * uniform

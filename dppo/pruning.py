@@ -209,7 +209,8 @@ class Pruner:
     """No pruning. Subclasses override a stage; `prune_step` calls select_prompts -> rollout ->
     select_completions -> limit -> loss_weights, and the trainer calls after_step."""
 
-    weighted = True  # 1/pi weights over an unbiased normaliser (False: plain mean over what is kept)
+    weighted = True  # 1/pi weights on the kept rows (False: every kept row weighs 1)
+    unbiased_z = True  # Z = unbiased_normaliser, fixed before the masks (False: kept_normaliser, a mean over the kept)
     refill_rounds = 1  # rollout rounds a step may take (DAPO dynamic sampling refills)
     # config field -> this pruner's setting: the pruning fields it reads (set away from its default on a pruner that
     # does not read it, a field is a config error), and the run's settings it reads too (not its own: kl_coef, ...)
@@ -376,7 +377,15 @@ class DPPO(Pruner):
 
 
 class BiasedDPPO(DPPO):
-    """Ablation: DPPO's masks without the 1/pi weights (plain mean over the kept rows)."""
+    """Ablation: DPPO's masks without the 1/pi weights and with a plain mean over the kept rows (two changes:
+    the weights and Z; docs/method.md §2.9)."""
+    weighted = False
+    unbiased_z = False
+
+
+class UnweightedDPPO(DPPO):
+    """Ablation of the weights alone (T4's "without 1/pi weights"): DPPO's masks and DPPO's Z (unbiased_normaliser),
+    every kept row weighing 1 instead of 1/(pi_q pi_o) (docs/method.md §2.9)."""
     weighted = False
 
 
@@ -387,6 +396,7 @@ class CPPO(Pruner):
     per_group: bool = True
     allocation: bool = True  # roll out ceil(B / (1 - P)) prompts so ~B*G completions train
     weighted = False
+    unbiased_z = False
     config_fields: ClassVar[dict[str, str]] = {"completion_prune_rate": "prune_rate", "cppo_per_group": "per_group",
                                                "cppo_allocation": "allocation"}
 
@@ -432,6 +442,7 @@ class GRESO(Pruner):
     p adapted toward the zero-variance targets after the first epoch; no weights."""
     state: GresoState = field(default_factory=GresoState)
     weighted = False
+    unbiased_z = False
 
     def prompt_inclusion(self, keys, history):
         skip = torch.zeros(len(keys), dtype=torch.float64)
@@ -467,6 +478,7 @@ class DAPOFilter(Pruner):
     informative (at most `max_rounds` rounds), train the first B; no weights."""
     max_rounds: int = 4
     weighted = False
+    unbiased_z = False
     config_fields: ClassVar[dict[str, str]] = {"dapo_max_rounds": "max_rounds"}
 
     @property
@@ -485,7 +497,7 @@ class DAPOFilter(Pruner):
 
 
 # name -> class; the config's `pruner` choices are these keys
-PRUNERS: dict[str, type[Pruner]] = {"none": Pruner, "dppo": DPPO, "dppo_biased": BiasedDPPO, "cppo": CPPO,
+PRUNERS: dict[str, type[Pruner]] = {"none": Pruner, "dppo": DPPO, "dppo_biased": BiasedDPPO, "dppo_unweighted": UnweightedDPPO, "cppo": CPPO,
                                     "greso": GRESO, "dapo_filter": DAPOFilter}
 # the pruning fields each pruner reads (anything else set away from its default is an error in the config)
 PRUNER_FIELDS: dict[str, tuple[str, ...]] = {name: tuple(cls.config_fields) for name, cls in PRUNERS.items()
@@ -553,7 +565,7 @@ def prune_step(pruner: Pruner, keys: list[int], history, rollout: Rollout, gen: 
     csel = pruner.select_completions(rewards, adv, gen, lengths, logit_grad)
     csel.keep = pruner.limit(csel.keep, B)
     weights = pruner.loss_weights(psel, csel)
-    if pruner.weighted:
+    if pruner.unbiased_z:
         norm = unbiased_normaliser(loss_agg, psel.pi, psel.keep, lengths, est, loss_normaliser, B)
     else:
         norm = kept_normaliser(loss_agg, csel.keep, lengths)

@@ -93,8 +93,7 @@ def against_paper(table: str, df: pd.DataFrame, seeds: pd.DataFrame) -> str:
     more accurate than DPPO, its paired interval over seeds above 0 (the paper: GRESO and CPPO less accurate than
     DPPO); T3 DPPO losing accuracy on the larger model, its interval below 0 (the paper: up to +4.19 points on the
     largest); a mean alone, or one seed, contradicts nothing. T5 a FLOPs speed-up that does not grow with the rates
-    (FLOPs are deterministic; its wall clock is not compared: the r_q = r_o = 0.5 cell is T3's DPPO run, trained
-    minutes before the rest of the grid, not side by side with it; docs/results.md, "T4 and T5's wall clock")."""
+    (FLOPs are deterministic; one seed's wall clock is one paired measurement per cell, not compared across cells)."""
     said = []
     if table in ("T1", "R1") and "DPPO" in df.index:
         for b in ("GRESO", "CPPO"):
@@ -117,19 +116,22 @@ def against_paper(table: str, df: pd.DataFrame, seeds: pd.DataFrame) -> str:
 
 
 def _real(figures: Path, name: str, df: pd.DataFrame, seeds: pd.DataFrame) -> str:
-    """Each method's final accuracy pooled over its seeds (95% binomial half-width over every sample), and the time to
-    the baseline's final accuracy (equal compute)."""
+    """Each method's final accuracy: mean ± the 95% interval over its seeds (what varies between runs), then the
+    binomial half-width of the samples pooled over the seeds, labelled as what it is (evaluation noise only); and the
+    time to within one evaluation s.e. of the baseline's final accuracy (equal compute, `tables.reach`)."""
     from dppo.config import TrainConfig
-    from dppo.studies import BY_NAME, REAL_RUNS
+    from dppo.studies import REAL_RUNS
 
     cfg = TrainConfig.load(ROOT / REAL_RUNS["GRPO"][0], REAL_RUNS["GRPO"][1])
     samples = cfg.eval_size * cfg.eval_samples * seeds["seed"].nunique()
-    pooled = ", ".join(f"{label} {p:.1f} ± {196 * math.sqrt(p / 100 * (1 - p / 100) / samples):.1f}"
-                       for label, p in df["acc/avg"].items())
+    between = ", ".join(f"{label} {m:.1f}" + ("" if math.isnan(h) else f" ± {h:.1f}") for label in df.index
+                        for m, h, _ in [_interval(seeds.loc[seeds["label"] == label, "acc/avg"])])
+    noise = ", ".join(f"± {196 * math.sqrt(p / 100 * (1 - p / 100) / samples):.1f}" for p in df["acc/avg"])
     eq = pd.read_csv(figures / f"{name}_equal_compute.csv").set_index("label").drop(index="GRPO")
-    reach = "; ".join(f"{label} reaches GRPO's final accuracy {_value(row, 'speedup_reach', 'x')} sooner "
-                      f"({int(row['reached'])}/{len(BY_NAME['real_model'].seeds)} seeds)" for label, row in eq.iterrows())
-    return f"Pass@1 pooled over {samples} samples: {pooled}; {reach}"
+    reach = "; ".join(f"{label} within one evaluation s.e. of GRPO's final accuracy {_value(row, 'speedup_reach', 'x')} "
+                      f"sooner ({int(row['reached'])}/{int(row['seeds'])} seeds)" for label, row in eq.iterrows())
+    return (f"Pass@1 over seeds: {between} (evaluation noise alone, {samples} samples pooled: {noise}); "
+            f"{reach}")
 
 
 def _f3(figures: Path) -> str:
@@ -195,8 +197,12 @@ def results_table(figures: Path = ROOT / "figures") -> str:
                     f"wall, {rows['speedup_flops'].min():.2f}x-{rows['speedup_flops'].max():.2f}x FLOPs, "
                     f"{rows['acc_gain'].min():+.1f} to {rows['acc_gain'].max():+.1f} points")
             judged = [label for label in rows.index if label == "r_q=0.5, r_o=0.5"]  # the paper's rates
-        else:
-            what = "; ".join(f"{label}: {_run(row)}" for label, row in rows.iterrows())
+        else:  # rows on the table's layout, then those on the shared-prompt layout apart (`Table.layout_rows`)
+            what = "; ".join(f"{label}: {_run(row)}" for label, row in rows.iterrows()
+                             if label not in recipe.layout_rows)
+            shared = [f"{label} vs {base_of(label)}: {_run(row)}" for label, row in rows.iterrows()
+                      if label in recipe.layout_rows]
+            what += (". Shared-prompt layout (dppo's extension): " + "; ".join(shared)) if shared else ""
             judged = [label for label in rows.index if label.startswith("DPPO") or label.endswith("+ DPPO")]
         if table == "R1":  # the real model: its pooled accuracies and the equal-compute speed-up
             what += "; " + _real(figures, name, df, per_seed)

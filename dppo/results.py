@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
+import yaml
 
 from dppo import progress, toy
 from dppo.runfiles import read_metrics
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
     from dppo.config import TrainConfig
 PROFILES = ("cpu", "paper")
 CODE_FILE = "code.sha256"  # in each run folder: the hash of the dppo source that trained it
+# Other work beyond the cores a run left free that makes a step (or a run, on average) contended: a quiet machine reads
+# a few hundredths of a core, one competing CPU-bound process about 1 (docs/method.md §5.1; dppo.tables reads it)
+OTHER_CORES_LIMIT = 0.25
 # A study notebook at smoke size (tests): seconds per run.
 SMOKE = dict(train_size=24, epochs=1, max_steps=2, eval_size=4, eval_samples=1, eval_every=1000, save_every=1000,
              prompts_per_step=8, group_size=4)
@@ -153,7 +157,11 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
     for label, _, _, folder in todo:
         out.setdefault(label, []).append(folder)
     groups: dict[object, list[tuple[str, TrainConfig]]] = {}
+    seen: set[Path] = set()
     for i, (label, config, over, folder) in enumerate(todo):
+        if folder in seen:  # one run under two labels (T4's DPPO is T5's r_q = r_o = 0.5): it trains once
+            continue
+        seen.add(folder)
         cfg = prepare(config, folder, smoke, **over)
         if cfg is None:
             progress.note(f"{label}, seed {over['seed']}: finished earlier ({folder.relative_to(root)})")
@@ -204,15 +212,42 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     return df
 
 
+def eval_splits(df: pd.DataFrame) -> list[str]:
+    """The held-out splits a run evaluated, in order: its `eval/<split>` columns (not eval/avg, nor
+    eval/<split>/pass@k)."""
+    return [c[5:] for c in df.columns if c.startswith("eval/") and c != "eval/avg" and "/" not in c[5:]]
+
+
+def graded_samples(run_dir: str | Path, splits: list[str]) -> float:
+    """n of one evaluation of a run that did not log `eval_n`: from its config.yaml, sum over `splits` of eval_size x
+    k (k = eval_samples_per_split.get(split, eval_samples)), as dppo.evaluation samples them — exact for the embedded
+    and arithmetic tasks (eval_size problems per split), an upper bound for a file or hub split shorter than eval_size;
+    NaN without a config.yaml."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file() or not splits:
+        return float("nan")
+    cfg = yaml.safe_load(path.read_text())
+    per_split = cfg.get("eval_samples_per_split") or {}
+    return float(sum(cfg["eval_size"] * per_split.get(s, cfg["eval_samples"]) for s in splits))
+
+
+def eval_counts(run_dir: str | Path, df: pd.DataFrame) -> pd.Series:
+    """Per metrics row: the samples its evaluation graded — `eval_n` where the run logged it (dppo.trainer), else
+    `graded_samples` from its config.yaml (runs of earlier code)."""
+    logged = df["eval_n"] if "eval_n" in df else pd.Series(float("nan"), index=df.index)
+    return logged.astype(float).fillna(graded_samples(run_dir, eval_splits(df)))
+
+
 def summarize(run_dir: str | Path) -> dict:
     """One row: final accuracy per split and average, the step-0 accuracy (NaN when the run skipped it), train
-    seconds / CPU seconds / FLOPs, steps, epochs, tokens, kept fractions, the cores other work took meanwhile."""
+    seconds / CPU seconds / FLOPs, steps, epochs, tokens, kept fractions, the cores other work took meanwhile and the
+    fraction of training time in contended steps (`contended_steps`)."""
     df = load_run(run_dir)
     machine = json.loads((Path(run_dir) / "machine.json").read_text()) if (Path(run_dir) / "machine.json").is_file() else {}
     evals = df.dropna(subset=["eval/avg"])
     train = df[df["step"] > 0]
     start = evals[evals["step"] == 0]
-    splits = [c[5:] for c in df.columns if c.startswith("eval/") and c != "eval/avg" and "/" not in c[5:]]
+    splits = eval_splits(df)
     row = {f"acc/{s}": evals.iloc[-1].get(f"eval/{s}") for s in splits}  # every split the runs evaluated, in order
     row.update({
         "acc/avg": evals.iloc[-1]["eval/avg"], "acc/start": start["eval/avg"].iloc[0] if len(start) else float("nan"),
@@ -229,8 +264,32 @@ def summarize(run_dir: str | Path) -> dict:
         # the intra-op threads it computed with (time-weighted) and the machine's cores (machine.json)
         "load/threads": _time_weighted(train, "load/threads", machine.get("threads")),
         "cores": float(machine.get("cores", float("nan"))),
+        # the share of its training time spent in contended steps (a whole-run average hides a few of them)
+        "load/contended_frac": contended_fraction(train, machine),
     })
     return row
+
+
+def contended_steps(threads: pd.Series, other_cores: pd.Series, planned_threads: float, cores: float,
+                    limit: float = OTHER_CORES_LIMIT) -> pd.Series:
+    """Per training step, whether it was contended (docs/method.md §5.1): it computed with fewer intra-op threads
+    than the run planned (`load/threads` < planned: the auto policy gave a core up to other work), or other work took
+    more than `limit` cores beyond those it left free (`load/other_cores` > max(cores - load/threads, 0) + limit; no
+    free core when `cores` is unknown). A step that logged neither is not."""
+    spare = (cores - threads).clip(lower=0.0).fillna(0.0)
+    return (threads < planned_threads) | (other_cores > spare + limit)
+
+
+def contended_fraction(train: pd.DataFrame, machine: dict) -> float:
+    """The fraction of a run's training time (`timing_s/step`) spent in `contended_steps`, with the planned threads
+    of machine.json ("threads"; else the most the run used) and its "cores"; NaN for a run that did not log
+    `load/threads` and `load/other_cores` per step (runs of earlier code)."""
+    if "load/threads" not in train or "load/other_cores" not in train:
+        return float("nan")
+    planned = machine.get("threads", train["load/threads"].max())
+    hit = contended_steps(train["load/threads"], train["load/other_cores"], float(planned),
+                          float(machine.get("cores", float("nan"))))
+    return float(train["timing_s/step"][hit].sum() / train["timing_s/step"].sum())
 
 
 def _time_weighted(train: pd.DataFrame, column: str, default=None) -> float:

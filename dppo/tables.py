@@ -5,7 +5,10 @@ Speed-up = baseline time / method time at equal epochs, per seed (the same seed 
 order: paired), in three currencies (docs/method.md §5.1): wall-clock (`speedup`), process CPU time
 (`speedup_cpu`) and FLOPs (`speedup_flops`). A run is `contended` when other work took more than
 `OTHER_CORES_LIMIT` cores on average beyond those the run left free (`load/other_cores` over `load/spare_cores`: the
-machine's cores minus the run's intra-op threads; dppo.machine) while it trained, or when the core share of its
+machine's cores minus the run's intra-op threads; dppo.machine) while it trained, when more than
+`CONTENDED_FRAC_LIMIT` of its training time went to contended steps (`load/contended_frac`: steps computed with fewer
+threads than planned, or that met more than `OTHER_CORES_LIMIT` cores of other work beyond their free ones;
+results.contended_steps — a few such steps average out of the whole-run means), or when the core share of its
 threads (CPU / wall / threads) falls below 3/4 of the table's median; a pair (a run and its baseline of the same
 seed) is contended when either is or when the two met other work differing by more than `UNEVEN_LIMIT` cores (beyond
 their spare ones: short bursts that fell on one side's steps), and its wall-clock and CPU speed-ups are left out of the means (FLOPs never are).
@@ -13,8 +16,10 @@ Accuracy is the final Pass@1 (%) averaged over the held-out splits; `acc_gain` i
 mean +- t_{0.975, n-1} s / sqrt(n) (Student's t).
 
 At equal compute (`equal_compute`, docs/method.md §6.2): per seed, the training time and FLOPs a run needs to reach
-its baseline's final accuracy (at the first evaluation at or above it), and its accuracy when it trains for the
-baseline's training time (at its last evaluation within that time).
+its baseline's final accuracy a (at the first evaluation within one evaluation standard error of it: acc >= a - se,
+se = 100 sqrt(p (1 - p) / n), p = a / 100, n the samples the baseline's final evaluation graded — the same rule for
+the baseline's own time to a, so a coarse evaluation grid cannot turn sampling noise into a speed-up), and its
+accuracy when it trains for the baseline's training time (at its last evaluation within that time).
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from dppo.results import load_run, summarize
+from dppo.results import OTHER_CORES_LIMIT, eval_counts, load_run, summarize
 from dppo.studies import FIGURES, PAPER, PAPER_GAIN, PAPER_SPEEDUP, Table, longer_rows
 
 SPEEDUPS = {"speedup": "train_s", "speedup_cpu": "train_cpu_s", "speedup_flops": "train_flops"}
 TIMED = ("speedup", "speedup_cpu")  # the speed-ups a busy machine moves: contended pairs are left out of their means
-OTHER_CORES_LIMIT = 0.25  # a quiet machine: a few hundredths of a core; one competing CPU-bound process: about 1
+# OTHER_CORES_LIMIT (dppo.results, 0.25 cores): a quiet machine reads a few hundredths; one CPU-bound process about 1
+CONTENDED_FRAC_LIMIT = 0.05  # a run with more than 5% of its training time in contended steps is contended
 UNEVEN_LIMIT = 0.1  # a pair whose two runs met other work differing by more than this (cores beyond their spare ones)
 # The markdown table: what the paper's tables show (accuracy per benchmark or split, average, time, speed-up), here
 # with the speed-up in wall-clock and FLOPs and, on CPU, process CPU time; every other column stays in the CSV.
@@ -66,7 +72,7 @@ def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str]) -> pd.
     df["load/spare_cores"] = (df["cores"] - df["load/threads"]).clip(lower=0.0).fillna(0.0)
     per_thread = df["train_cpu_s"] / df["train_s"] / df["load/threads"].fillna(1.0)
     df["contended"] = (df["load/other_cores"] > df["load/spare_cores"] + OTHER_CORES_LIMIT) | \
-        (per_thread < 0.75 * per_thread.median())
+        (df["load/contended_frac"] > CONTENDED_FRAC_LIMIT) | (per_thread < 0.75 * per_thread.median())
     flagged = set(zip(df["label"][df["contended"]], df["seed"][df["contended"]]))
     # a pair is also contended when its two runs met unequal load: short bursts of other work that fell on one side's
     # steps (in turn, only bursts longer than a few steps hit both alike)
@@ -78,23 +84,33 @@ def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str]) -> pd.
 
 
 def curve(run_dir: str | Path, start: float = float("nan")) -> pd.DataFrame:
-    """A run's evaluations: step, `acc` (eval/avg, %), and `train_s` / `train_flops` spent on training steps up to
-    each; a run that skipped its step-0 evaluation starts from `start` (its baseline's, at 0 s and 0 FLOPs)."""
+    """A run's evaluations: step, `acc` (eval/avg, %), `train_s` / `train_flops` spent on training steps up to each
+    and `eval_n`, the samples each graded (results.eval_counts); a run that skipped its step-0 evaluation starts from
+    `start` (its baseline's, at 0 s and 0 FLOPs)."""
     df = load_run(run_dir)
     df["train_flops"] = df.get("flops/step", pd.Series(0.0, index=df.index)).fillna(0.0).cumsum()
+    df["eval_n"] = eval_counts(run_dir, df)
     ev = df.dropna(subset=["eval/avg"])
     out = pd.DataFrame({"step": ev["step"], "acc": ev["eval/avg"] * 100, "train_s": ev["wall_s"],
-                        "train_flops": ev["train_flops"]})
+                        "train_flops": ev["train_flops"], "eval_n": ev["eval_n"]})
     if not (out["step"] == 0).any() and pd.notna(start):
         out = pd.concat([pd.DataFrame({"step": [0], "acc": [start], "train_s": [0.0], "train_flops": [0.0]}), out])
     return out.reset_index(drop=True)
 
 
-def reach(evals: pd.DataFrame, target: float) -> pd.Series | None:
-    """The first evaluation after training began at or above `target` (%) — what stopping there would cost —, or None
-    if none is. The initial model does not count: where training lowered the baseline's accuracy below its start, the
-    target is still the first trained evaluation that scores it, not time 0."""
-    hit = evals[(evals["step"] > 0) & (evals["acc"] >= target - 1e-9)]
+def standard_error(acc: float, n: float) -> float:
+    """One standard error (points) of an accuracy `acc` (%) measured on `n` graded samples (docs/method.md §6.2):
+    se = 100 sqrt(p (1 - p) / n), p = acc / 100; 0 when n is unknown (NaN: a run without its config.yaml)."""
+    p = acc / 100
+    return 0.0 if pd.isna(n) or n <= 0 else 100 * (p * (1 - p) / n) ** 0.5
+
+
+def reach(evals: pd.DataFrame, target: float, tolerance: float = 0.0) -> pd.Series | None:
+    """The first evaluation after training began within `tolerance` (points) of `target` (%) or above it, acc >=
+    target - tolerance — what stopping there would cost —, or None if none is (docs/method.md §6.2: the tolerance
+    is one standard error of the target's evaluation). The initial model does not count: where training lowered the
+    baseline's accuracy below its start, the target is still the first trained evaluation that scores it, not time 0."""
+    hit = evals[(evals["step"] > 0) & (evals["acc"] >= target - tolerance - 1e-9)]
     return hit.iloc[0] if len(hit) else None
 
 
@@ -106,7 +122,7 @@ def within(evals: pd.DataFrame, seconds: float) -> pd.Series | None:
     return evals[evals["train_s"] <= seconds * (1 + 1e-9)].iloc[-1]
 
 
-EQUAL_COMPUTE = {"reached": "reached baseline's accuracy", "reach_min": "time to it (min)",
+EQUAL_COMPUTE = {"reached": "within one evaluation s.e. of baseline's final accuracy", "reach_min": "time to it (min)",
                  "speedup_reach": "speed-up to it", "speedup_reach_flops": "speed-up to it (FLOPs)",
                  "budget_frac": "trained (x baseline's time)", "acc_at_budget": "accuracy at baseline's time",
                  "gain_at_budget": "gain at baseline's time"}
@@ -115,11 +131,12 @@ TIMED_EQUAL_COMPUTE = ("reach_min", "speedup_reach", "acc_at_budget", "gain_at_b
 
 def equal_compute(runs: dict[str, list[Path]], baseline: str, seeds: pd.DataFrame) -> pd.DataFrame:
     """One row per (label, seed), paired with the baseline of the same seed (its final accuracy a = the target, its
-    training time B = the budget): `reached` (some evaluation >= a), `reach_min` (training minutes to the first such
-    evaluation), `speedup_reach` / `speedup_reach_flops` (the baseline's own time / FLOPs to its first evaluation >= a,
-    over the run's), `budget_frac` (training time / B), `acc_at_budget` (% at the last evaluation within B; NaN when
-    the run trained less than B) and `gain_at_budget` (that minus a). `seeds`: per_seed()'s frame (acc/start, the
-    pairs' contended flags)."""
+    training time B = the budget, se = standard_error(a, n of that evaluation) the tolerance, `reach_tolerance`):
+    `reached` (some evaluation >= a - se), `reach_min` (training minutes to the first such evaluation),
+    `speedup_reach` / `speedup_reach_flops` (the baseline's own time / FLOPs to its first evaluation >= a - se, over the
+    run's), `budget_frac` (training time / B), `acc_at_budget` (% at the last evaluation within B; NaN when the run
+    trained less than B) and `gain_at_budget` (that minus a). `seeds`: per_seed()'s frame (acc/start, the pairs'
+    contended flags)."""
     start = seeds.set_index(["label", "seed"])["acc/start"]
     contended = seeds.set_index(["label", "seed"])["pair_contended"]
     rows = []
@@ -128,9 +145,10 @@ def equal_compute(runs: dict[str, list[Path]], baseline: str, seeds: pd.DataFram
             seed = _seed_of(d, i)
             run, base = curve(d, start[label, seed]), curve(base_dir, start[baseline, seed])
             target, budget = base["acc"].iloc[-1], base["train_s"].iloc[-1]
-            base_hit, hit, at = reach(base, target), reach(run, target), within(run, budget)
+            se = standard_error(target, base["eval_n"].iloc[-1])
+            base_hit, hit, at = reach(base, target, se), reach(run, target, se), within(run, budget)
             rows.append({
-                "label": label, "seed": seed, "reached": hit is not None,
+                "label": label, "seed": seed, "reached": hit is not None, "reach_tolerance": se,
                 "reach_min": hit["train_s"] / 60 if hit is not None else float("nan"),
                 "speedup_reach": base_hit["train_s"] / hit["train_s"] if hit is not None and hit["train_s"] > 0 else float("nan"),
                 "speedup_reach_flops": base_hit["train_flops"] / hit["train_flops"]
@@ -144,8 +162,9 @@ def equal_compute(runs: dict[str, list[Path]], baseline: str, seeds: pd.DataFram
 
 
 def aggregate_equal_compute(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per label: `reached` = seeds that reached the target, `seeds`; every other column's mean and `_ci` over the
-    seeds where it is defined (timed columns: over pairs that were not contended), `<col>_n` how many."""
+    """Per label: `reached` = seeds that reached the target (within its tolerance), `seeds`, `reach_tolerance` the
+    mean tolerance (points); every other column's mean and `_ci` over the seeds where it is defined (timed columns:
+    over pairs that were not contended), `<col>_n` how many."""
     columns = [c for c in EQUAL_COMPUTE if c != "reached"]
     out = _mean_and_interval(rows, columns)
     timed = rows[~rows["pair_contended"]]
@@ -158,12 +177,14 @@ def aggregate_equal_compute(rows: pd.DataFrame) -> pd.DataFrame:
     counts.loc[quiet.index, list(TIMED_EQUAL_COMPUTE)] = timed.groupby("label", sort=False)[list(TIMED_EQUAL_COMPUTE)].count()
     out = out.join(counts.add_suffix("_n"))
     out["reached"], out["seeds"] = g["reached"].sum().astype(int), g.size()
+    if "reach_tolerance" in rows:
+        out["reach_tolerance"] = g["reach_tolerance"].mean()
     return out
 
 
 def markdown_equal_compute(summary: pd.DataFrame, baseline: str) -> str:
-    """T1's equal-compute columns: seeds that reached the baseline's final accuracy (k/n), then mean ± 95% CI of
-    each column over the seeds where it is defined ('(k)' when that is fewer than all)."""
+    """T1's equal-compute columns: seeds that came within one evaluation s.e. of the baseline's final accuracy (k/n),
+    then mean ± 95% CI of each column over the seeds where it is defined ('(k)' when that is fewer than all)."""
     body = pd.DataFrame(index=summary.index.rename(None))
     for c, name in EQUAL_COMPUTE.items():
         name = name.replace("baseline", baseline)
@@ -271,15 +292,19 @@ def table(runs: dict[str, list[Path]], baseline: str | dict[str, str], name: str
     """per_seed() -> write(): the summary table (one row per label), its caption naming the machine(s) the runs'
     clocks ran on; `cpu_columns` False for GPU runs: no contended pairs there (a rank's load meter counts the other
     ranks of its node as other work, and the CPU is not what a GPU step waits for), every seed's speed-up counts.
-    `at_equal_compute` appends equal_compute_table() of every run; `longer`: labels of runs that trained past the
-    table's epochs, left out of the equal-epoch table and kept in the equal-compute one."""
+    `at_equal_compute` appends equal_compute_table() of every run against the table's first row's baseline (with
+    per-row baselines, the rows on another layout — T1's shared-prompt rows — are left out of it); `longer`: labels of
+    runs that trained past the table's epochs, left out of the equal-epoch table and kept in the equal-compute one."""
     equal_epochs = {label: dirs for label, dirs in runs.items() if label not in longer}
     seeds = per_seed(equal_epochs, baseline)
     if not cpu_columns:
         seeds = seeds.assign(contended=False, pair_contended=False)
     summary = write(seeds, name, caption + machines(equal_epochs), paper_key, out, cpu_columns)
     if at_equal_compute:
-        equal_compute_table(runs, baseline, name, out, cpu_columns)
+        main = baseline if isinstance(baseline, str) else baseline[next(iter(runs))]
+        same = {label: dirs for label, dirs in runs.items() if isinstance(baseline, str) or label in longer
+                or baseline.get(label) == main}
+        equal_compute_table(same, main, name, out, cpu_columns)
     return summary
 
 
@@ -307,10 +332,13 @@ def equal_compute_table(runs: dict[str, list[Path]], baseline: str, name: str, o
     contended = (" Timed columns leave out contended pairs, as above." if cpu_columns and rows["pair_contended"].any()
                  else "")
     md = (out / f"{name}.md").read_text()
+    tolerance = rows["reach_tolerance"].mean()
     md = md.split("\n**At equal compute.**")[0].rstrip("\n") + "\n\n" + "\n".join([
-        f"**At equal compute.** Paired by seed with {baseline}: the training time and FLOPs to the first evaluation at "
-        f"or above {baseline}'s final accuracy, and the accuracy at the last evaluation within {baseline}'s training "
-        f"time (only runs that trained at least that long).{contended} Per seed: `{name}_equal_compute_seeds.csv`.",
+        f"**At equal compute.** Paired by seed with {baseline}: the training time and FLOPs to the first evaluation "
+        f"within one evaluation s.e. of {baseline}'s final accuracy or above it (on average {tolerance:.1f} points; "
+        f"{baseline}'s own time to it by the same rule), and the accuracy at the last evaluation within {baseline}'s "
+        f"training time (only runs that trained at least that long).{contended} Per seed: "
+        f"`{name}_equal_compute_seeds.csv` (the tolerance per seed: `reach_tolerance`).",
         "", markdown_equal_compute(summary, baseline), ""])
     (out / f"{name}.md").write_text(md)
     return summary
@@ -388,12 +416,15 @@ def sentence(summary: pd.DataFrame, label: str, baseline: str, paper_key: str | 
 
 
 def equal_compute_sentences(summary: pd.DataFrame, baseline: str) -> str:
-    """What the equal-compute table shows, in words: per row, the seeds that reached the baseline's final accuracy
-    and how much faster; per row that trained for the baseline's time, its accuracy there against the baseline's."""
+    """What the equal-compute table shows, in words: per row, the seeds that came within one evaluation s.e. of the
+    baseline's final accuracy (docs/method.md §6.2) and how much faster; per row that trained for the baseline's time,
+    its accuracy there against the baseline's."""
     lines = []
     for label in summary.index.drop(baseline):
         k, n = int(summary.loc[label, "reached"]), int(summary.loc[label, "seeds"])
-        text = f"**{label}** reaches {baseline}'s final accuracy in {k} of {n} seeds"
+        se = summary.loc[label, "reach_tolerance"] if "reach_tolerance" in summary else 0.0  # CSVs of earlier code
+        text = (f"**{label}** comes within one evaluation s.e." + (f" ({se:.1f} points)" if se > 0 else "")
+                + f" of {baseline}'s final accuracy in {k} of {n} seeds")
         if k:
             sp, lo, hi = interval(summary, label, "speedup_reach")
             text += (f", {sp:.2f}x faster than {baseline} gets there" + (f" (95% CI {lo:.2f}-{hi:.2f})" if hi > lo else "")

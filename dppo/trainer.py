@@ -165,6 +165,23 @@ def enable_gradient_checkpointing(policy: torch.nn.Module) -> None:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+EVAL_SEED_STRIDE = 17  # an evaluation at step t samples with seed + 17 t (docs/method.md §6.1)
+
+
+def eval_seed(seed: int, step: int, final: bool) -> int:
+    """The sampling seed of an evaluation (docs/method.md §6.1): seed + EVAL_SEED_STRIDE * step for the initial and
+    periodic ones, so the runs of one seed evaluated at one step draw the same random numbers there; `seed` itself
+    for the final one, whatever step the run ended at: every method of a seed evaluates its final model with the same
+    random numbers (common random numbers), though DPPO ends at fewer steps than GRPO — the initial model's, too."""
+    return seed if final else seed + EVAL_SEED_STRIDE * step
+
+
+def graded_samples(splits: dict[str, list[Problem]], k: int, k_per_split: dict[str, int] | None) -> int:
+    """n of one evaluation: the samples graded, sum over the splits of problems x k (k = k_per_split.get(split, k),
+    as dppo.evaluation.evaluate samples them); logged as `eval_n` (the standard error of docs/method.md §6.2)."""
+    return sum(len(problems) * (k_per_split or {}).get(name, k) for name, problems in splits.items())
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         from datetime import timedelta
@@ -566,8 +583,12 @@ class Trainer:
 
     # ------------------------------------------------------------ eval, checkpoints, loop
     def run_eval(self) -> dict[str, float]:
+        """Pass@1 per split and averaged (dppo.evaluation) of the current policy, sampled with `eval_seed`: final
+        when training has begun and is finished (the evaluation after the run's last step, whose seed does not depend
+        on that step; a resumed run's too)."""
+        final = self.step > 0 and self.finished()
         acc = evaluate(self.engine, self.evals, self.cfg.eval_samples, self.cfg.eval_temperature,
-                       self.cfg.max_new_tokens, seed=self.cfg.seed + 17 * self.step,
+                       self.cfg.max_new_tokens, seed=eval_seed(self.cfg.seed, self.step, final),
                        k_per_split=self.cfg.eval_samples_per_split, answer_check=self.cfg.answer_check,
                        answer_format=self.cfg.answer_format)
         # the engine stays awake: the next step's rollout needs it, and that step sleeps it before its update (a
@@ -575,6 +596,12 @@ class Trainer:
         if self.is_main:
             tqdm.write(f"[eval step {self.step}] pass@1 (%): {format_accuracy(acc)}")
         return acc
+
+    def eval_count(self) -> dict[str, int]:
+        """{"eval_n": samples graded per evaluation} (`graded_samples`), or {} for a run without eval splits."""
+        if not self.evals:
+            return {}
+        return {"eval_n": graded_samples(self.evals, self.cfg.eval_samples, self.cfg.eval_samples_per_split)}
 
     def _log(self, record: dict) -> None:
         if self.is_main:  # one write(2) of the whole line, fsynced (runfiles.append_line)
@@ -764,7 +791,7 @@ class Trainer:
             write_atomic(self.out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             write_atomic(self.out / "machine.json", json.dumps(describe(), indent=1))  # what the clocks ran on
         if not resumed and cfg.eval_before_train:
-            self._log({"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().items()}})
+            self._log({"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().items()}, **self.eval_count()})
         acc: dict[str, float] = {}
         name = "/".join(self.out.parts[-2:])  # e.g. "grpo/seed1": which run the bar is
         bar = tqdm(total=self.composer.stream.limit, initial=min(self.composer.covered, self.composer.stream.limit),
@@ -775,7 +802,7 @@ class Trainer:
             last = self.finished()
             if self.step % cfg.eval_every == 0 or last:
                 acc = self.run_eval()
-                record.update({f"eval/{k}": v for k, v in acc.items()})
+                record.update({f"eval/{k}": v for k, v in acc.items()}, **self.eval_count())
             self._log(record)
             self.watch(record)
             if self.step % cfg.save_every == 0 or last:

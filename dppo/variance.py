@@ -12,6 +12,8 @@ K = [<grad l_n, grad l_m>] and draws of the coefficient vector c:
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import pandas as pd
@@ -229,7 +231,8 @@ def rule_variances(batch: dict, rates: list[float], mixes: list[float], kl_coef:
                 v = uniform
             rows.append({"rate": r, "rule": name, "size_proxy": getattr(pruner, "size_proxy", None)
                          if name.startswith("proportional") else None, "uniform_mix": pruner.uniform_mix
-                         if name.startswith("proportional") else None, "variance": v, "ratio": v / uniform})
+                         if name.startswith("proportional") else None, "variance": v,
+                         "ratio": v / uniform if uniform > 0 else 1.0 if v == 0 else math.inf})  # 0/0: both free
     return rows
 
 

@@ -16,12 +16,12 @@
 # %% [markdown]
 # # F3 — gradient variance and bias against the pruning rates
 # One real batch of the embedded policy (B prompts x G completions, rollouts fixed), per-sample gradients of
-# the clipped surrogate + k3 KL, and many mask draws per estimator. Measured variance (trace of the
+# the clipped surrogate (+ `kl_coef` x k3 KL: 0, as every trained run), and many mask draws per estimator. Measured variance (trace of the
 # covariance of grad L_hat) is compared with the closed form of docs/method.md §2.7; measured bias (distance of the Monte-Carlo
 # mean from the full-batch gradient, relative to its norm) is shown for DPPO beside biased DPPO (no 1/pi),
 # CPPO and GRESO. Half of the B groups have zero reward variance, and every prompt's history is its own
 # rollout (the next epoch's view), so those prompts are prompt-stage candidates. In GRPO a zero-variance
-# group has zero advantage, so pruning it costs only its KL term's variance (docs/method.md §2.7). Beside the
+# group has zero advantage, so pruning it costs only its KL term's variance (none at kl_coef 0; docs/method.md §2.7). Beside the
 # paper's uniform rule, the proportional rule (docs/method.md §2.10) spends the same expected budget with inclusion
 # probabilities proportional to each item's gradient-size proxy, and the oracle spends it in proportion to each
 # row's true gradient norm (what any proxy could reach). The last part compares every proxy with the uniform rule
@@ -40,6 +40,7 @@ selection_batches = 10  # batches the default size proxy and mixture are chosen 
 report_batches = 10  # batches the proxies are reported on (seeds from `report_seed`), never used to choose
 report_seed = 100  # rollout seed of the first report batch
 mixes = [0.0, 0.1, 0.25]  # uniform_mix values compared (lambda: pi is (1 - lambda) x proportional + lambda x uniform)
+kl_coef = 0.0  # beta of the measured loss: the trained runs' (experiments/cpu/*.yaml and the paper recipes: 0)
 results_dir = ""  # results under <profile root>/results_dir (root: experiments/results, or .../paper):
 # the CSVs in <...>/gradient_variance, F3 in <...>/figures; "": the root, and figures/ (paper: figures/paper)
 smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
@@ -65,7 +66,7 @@ DEFAULT = {"size_proxy": TrainConfig.size_proxy, "uniform_mix": TrainConfig.unif
 model, tok = load_policy("embedded")
 # the selection batches; the first (rollout seed `seed`, or the next seed whose prompts give half the groups with zero
 # reward variance) is the batch of the Monte-Carlo part
-selection = variance.sample_batches(model, tok, selection_batches, seed, prompts, group_size)
+selection = variance.sample_batches(model, tok, selection_batches, seed, prompts, group_size, kl_coef)
 batch_seed, batch = selection[0]
 rewards, adv, gram, kl = batch["rewards"], batch["adv"], batch["gram"], batch["kl"]
 lengths = torch.tensor(batch["lengths"]).view(prompts, group_size)
@@ -79,7 +80,7 @@ for r in rates:
     settings = {
         "DPPO (r_q = r_o = r)": DPPO(prompt_rate=r, completion_rate=r),
         "DPPO proportional (same budget)": DPPO(prompt_rate=r, completion_rate=r, inclusion="proportional",
-                                                kl_coef=0.1, kl_estimate=kl, **DEFAULT),
+                                                kl_coef=kl_coef, kl_estimate=kl, **DEFAULT),
         "DPPO oracle (same budget)": variance.OracleDPPO(prompt_rate=r, completion_rate=r, inclusion="proportional"),
         "DPPO prompt only (r_q = r)": DPPO(prompt_rate=r),
         "DPPO completion only (r_o = r)": DPPO(completion_rate=r),
@@ -144,13 +145,17 @@ dppo = df[df["estimator"].str.startswith("DPPO (") | df["estimator"].str.contain
 assert (dppo["bias_in_se"] < 4).all(), dppo
 measured = dppo[dppo["rate"] > 0]
 assert ((measured["variance"] - measured["closed_form_variance"]).abs()
-        <= 5 * measured["variance_se"] + 1e-9 * measured["closed_form_variance"]).all(), measured
+        <= 5 * measured["variance_se"] + 1e-9 * (measured["closed_form_variance"] + measured["full_grad_sq"])).all(), \
+    measured  # (a floor in |grad L|^2 units: at kl_coef 0 a batch whose prunable rows carry no gradient has variance 0)
 uniform = measured[measured["estimator"].str.startswith("DPPO (")]
 assert uniform["closed_form_variance"].is_monotonic_increasing  # exact: each 1/pi - 1 grows with the rate
 # the prompt stage's expected budget (the completion stage's, given the rolled-out prompts: tests/test_pruning.py)
 assert ((comparison["rolled, proportional"] - comparison["rolled, uniform"]).abs() < 1e-6).all(), comparison
 prompt_only = df[df["estimator"].str.startswith("DPPO prompt only") & (df["rate"] > 0)]
-assert (prompt_only["closed_form_variance"] > 0).all()  # the prompt stage had candidates to prune
+# the prompt stage had candidates to prune; at kl_coef 0 they carry no gradient (zero reward variance: A = 0), so
+# pruning them costs no variance at all, the prompt stage's whole saving is free (docs/method.md §2.7)
+free = prompt_only["closed_form_variance"].abs() <= 1e-9 * uniform["closed_form_variance"].max()
+assert free.all() if kl_coef == 0 else (prompt_only["closed_form_variance"] > 0).all(), prompt_only
 # the estimators that drop work without re-weighting are measurably biased (DPPO without 1/pi, in its Monte-Carlo
 # standard errors; CPPO is deterministic), and further from the full gradient than DPPO at every rate
 for name in ("DPPO without 1/pi", "CPPO (P = r)"):
@@ -166,13 +171,13 @@ for name in ("DPPO without 1/pi", "CPPO (P = r)"):
 # saw. Rank correlation: Spearman's, of each proxy with the true per-row gradient norm.
 
 # %%
-report = variance.sample_batches(model, tok, report_batches, report_seed, prompts, group_size)
+report = variance.sample_batches(model, tok, report_batches, report_seed, prompts, group_size, kl_coef)
 ratios, correlations = [], []
 for split, batches in (("selection", selection), ("report", report)):
     for batch_seed, b in batches:
         ratios += [{"split": split, "batch_seed": batch_seed, **row}
-                   for row in variance.rule_variances(b, [r for r in rates if r > 0], mixes)]
-        correlations.append({"split": split, "batch_seed": batch_seed, **variance.proxy_correlations(b)})
+                   for row in variance.rule_variances(b, [r for r in rates if r > 0], mixes, kl_coef)]
+        correlations.append({"split": split, "batch_seed": batch_seed, **variance.proxy_correlations(b, kl_coef)})
 ratios, correlations = pd.DataFrame(ratios), pd.DataFrame(correlations)
 ratios.to_csv(data_dir / "proxies.csv", index=False)
 correlations.to_csv(data_dir / "proxy_correlations.csv", index=False)

@@ -36,6 +36,7 @@ results_dir = ""  # runs under <profile root>/results_dir (root: experiments/res
 smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 long_epochs = 8  # epochs of the DPPO run trained for about GRPO's time (T1 at equal compute); 0: no such run
+shared_rows = True  # also GRPO and DPPO on the shared-prompt layout (rows "X, shared prompts": what sharing gives each)
 
 # %%
 import pandas as pd
@@ -45,7 +46,8 @@ from dppo import figures, results, studies, tables
 
 if smoke:
     seeds = seeds[:2]  # two seeds still give intervals
-layout = studies.study_layouts("main_results", configs=configs, overrides=overrides, long_epochs=long_epochs)["T1"]
+layout = studies.study_layouts("main_results", configs=configs, overrides=overrides, long_epochs=long_epochs,
+                                shared_rows=shared_rows)["T1"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile)
 out = results.figures_dir(smoke, profile, results_dir)
 t1 = tables.build(studies.TABLES["T1"], layout, runs, out, profile)  # its recipe: the registry's (dppo.studies.Table)
@@ -61,7 +63,7 @@ fig = figures.figure_f2(runs, out=out)
 # a difference at this number of seeds).
 
 # %%
-display(Markdown(tables.sentences(t1, "GRPO", "T1")))
+display(Markdown(tables.sentences(t1, studies.TABLES["T1"].baselines(t1.index), "T1")))
 display(Markdown(tables.equal_compute_sentences(equal, "GRPO")))
 
 # %%
@@ -70,7 +72,9 @@ for label, dirs in runs.items():
         m = results.load_run(d)
         assert (d / "final" / "model.safetensors").is_file() and "eval/avg" in m, d
 assert t1["seeds"].eq(len(seeds)).all() and list(t1.index) == [k for k in layout if k not in studies.longer_rows(layout)]
-assert list(equal.index) == list(layout) and equal.loc["GRPO", "reached"] == len(seeds)  # GRPO reaches its own accuracy
+# the equal-compute table: every row against GRPO (the shared-prompt rows, on another layout, are not in it)
+assert list(equal.index) == [k for k in layout if studies.TABLES["T1"].baseline(k) == "GRPO"]
+assert equal.loc["GRPO", "reached"] == len(seeds)  # GRPO reaches its own accuracy
 assert (equal["budget_frac"] > 0).all() and equal.loc["GRPO", "budget_frac"] == 1.0
 assert (t1["speedup_ci"].notna() | (t1["seeds_timed"] < 2)).all()  # an interval over >= 2 quiet pairs (contended ones left out: dppo.tables; the paper profile runs 1 seed)
 # What a wrong implementation would break, on every seed's steps: GRPO trains every rolled-out row with weight 1 (its

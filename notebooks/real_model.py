@@ -34,6 +34,7 @@ launch = {}  # {accelerate_config, num_processes, launcher}: each run its own la
 results_dir = ""  # runs under <profile root>/results_dir, tables and figures in its figures/; "": the root and figures/
 smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
+shared_rows = True  # also GRPO and DPPO on the shared-prompt layout (rows "X, shared prompts": what sharing gives each)
 
 # %%
 import pandas as pd
@@ -43,7 +44,7 @@ from dppo import figures, results, studies, tables
 
 if smoke:
     seeds = seeds[:1]  # one seed: the real model's steps are slow; intervals over seeds are tested by main_results
-layout = studies.study_layouts("real_model", configs=configs, overrides=overrides)["R1"]
+layout = studies.study_layouts("real_model", configs=configs, overrides=overrides, shared_rows=shared_rows)["R1"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile)
 out = results.figures_dir(smoke, profile, results_dir)
 r1 = tables.build(studies.TABLES["R1"], layout, runs, out, profile)  # its recipe: the registry's (dppo.studies.Table)
@@ -61,7 +62,7 @@ fig = figures.figure_f2(runs, name="R1_real_model_curves", out=out, accuracy_lab
 
 # %%
 display(Markdown(tables.learning_sentence(r1, "GRPO")))
-display(Markdown(tables.sentences(r1, "GRPO", "R1")))
+display(Markdown(tables.sentences(r1, studies.TABLES["R1"].baselines(r1.index), "R1")))
 display(Markdown(tables.equal_compute_sentences(equal, "GRPO")))
 
 # %%

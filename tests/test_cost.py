@@ -270,7 +270,7 @@ def test_equal_compute_time_to_the_baselines_accuracy_and_accuracy_at_its_time(t
     tables.table(runs, "GRPO", "T1", "caption", out=out, at_equal_compute=True, longer=("DPPO, 12 epochs",))
     assert (out / "T1.md").read_text() == text  # written again, not appended twice
     sentence = tables.equal_compute_sentences(summary, "GRPO")
-    assert "**DPPO** reaches GRPO's final accuracy in 1 of 2 seeds, 1.25x faster" in sentence
+    assert "**DPPO** comes within one evaluation s.e. of GRPO's final accuracy in 1 of 2 seeds, 1.25x faster" in sentence
     assert "+4.0 points against GRPO's final accuracy" in sentence
 
 

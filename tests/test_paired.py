@@ -136,3 +136,38 @@ def test_auto_threads_follow_the_cores_other_work_left_free(tmp_path, embedded, 
     Trainer(TrainConfig(output_dir=str(tmp_path), max_steps=4, eval_every=1000, intra_op_threads=-1, **SMALL)).fit()
     used = [r["load/threads"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
     assert used == [cores, cores, cores - 1, cores] and torch.get_num_threads() == before
+
+
+def test_the_final_evaluations_seed_depends_only_on_the_runs_seed():
+    """Common random numbers (docs/method.md §6.1): DPPO's last step is 15, GRPO's 16; their final evaluations sample
+    with one seed (the initial evaluation's), while periodic evaluations at one step share seed + 17 step."""
+    from dppo.trainer import EVAL_SEED_STRIDE, eval_seed
+
+    for seed in (0, 1, 7):
+        assert eval_seed(seed, 15, final=True) == eval_seed(seed, 16, final=True) == eval_seed(seed, 0, final=False)
+        assert eval_seed(seed, 8, final=False) == seed + EVAL_SEED_STRIDE * 8 != eval_seed(seed + 1, 8, final=False)
+    assert eval_seed(0, 16, final=True) != eval_seed(1, 16, final=True)  # seeds stay apart
+
+
+def test_final_evaluations_of_one_seed_share_their_sampling_seed(tmp_path, embedded, monkeypatch):
+    """Common random numbers (docs/method.md §6.1): two runs of seed 0, one ending at step 3 and one at step 2
+    (DPPO ends before GRPO), evaluate their final models with one sampling seed (the initial evaluation's), whatever
+    step they ended at; a periodic evaluation samples with seed + 17 step. Every evaluation logs the samples it graded
+    (`eval_n`: 6 splits x 2 problems x 1 sample), which the equal-compute tolerance reads (docs/method.md §6.2)."""
+    from dppo import trainer
+
+    seeds: dict[str, list[tuple[int, int]]] = {}
+    current: list[Trainer] = []  # the run being trained
+
+    def recorded(engine, splits, k, temperature, max_new_tokens, seed=0, **kwargs):  # no sampling: its seed only
+        seeds.setdefault(current[0].out.name, []).append((current[0].step, seed))
+        return {**{name: 0.5 for name in splits}, "avg": 0.5}
+
+    monkeypatch.setattr(trainer, "evaluate", recorded)
+    for name, steps in (("long", 3), ("short", 2)):
+        tr = Trainer(TrainConfig(output_dir=str(tmp_path / name), max_steps=steps, eval_every=2, seed=0, **SMALL))
+        current[:] = [tr]
+        tr.fit()
+    assert seeds == {"long": [(0, 0), (2, 34), (3, 0)], "short": [(0, 0), (2, 0)]}
+    logged = [r.get("eval_n") for r in read_metrics(tmp_path / "long" / "metrics.jsonl") if "eval/avg" in r]
+    assert logged == [6 * 2 * 1] * 3

@@ -87,7 +87,7 @@ def test_paper_studies_train_one_recipe_per_method_and_padding_free_baselines():
         for out, cfg in _paper_runs(study).items():
             d = cfg.to_dict()
             name = ("dppo_proportional" if d["inclusion"] == "proportional" else
-                    "dppo" if d["pruner"] in ("dppo", "dppo_biased") else "grpo" if d["pruner"] == "none" else None)
+                    "dppo" if d["pruner"] in ("dppo", "dppo_biased", "dppo_unweighted") else "grpo" if d["pruner"] == "none" else None)
             if name:
                 differ = {k for k in d if d[k] != recipes[name][k]} - ROW_FIELDS
                 assert not differ, (out, {k: (d[k], recipes[name][k]) for k in differ})

@@ -10,7 +10,7 @@ from masks import expectation
 
 from dppo.history import PromptHistory
 from dppo.losses import grpo_advantages
-from dppo.pruning import (CPPO, DPPO, GRESO, SIZE_PROXIES, BiasedDPPO, DAPOFilter, Selection, completion_candidates, cppo_keep,
+from dppo.pruning import (CPPO, DPPO, GRESO, SIZE_PROXIES, BiasedDPPO, UnweightedDPPO, DAPOFilter, Selection, completion_candidates, cppo_keep,
                           draw_keep_mask, prune_step)
 
 B, G = 3, 4
@@ -81,6 +81,24 @@ def test_biased_dppo_is_biased(mode):
     expected = _expected_loss(BiasedDPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode), rewards, loss, lengths,
                               history)
     assert abs(expected - full) > 1e-4 * max(1.0, abs(full))  # vs 1e-9 for DPPO on the same inputs
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+def test_unweighted_dppo_removes_the_weights_and_nothing_else(agg):
+    """T4's "without 1/pi weights" (dppo_unweighted) is one change: with the same random numbers it keeps exactly
+    DPPO's rows and divides by DPPO's Z (unbiased_normaliser), every weight 1; dppo_biased changes Z too (a mean over
+    the kept rows), so it is not that ablation."""
+    rewards, loss, lengths, history = _inputs(1)
+
+    def step(pruner):
+        return prune_step(pruner, list(range(B)), history, lambda keys: (rewards[keys], lengths[keys]),
+                          torch.Generator().manual_seed(0), group_size=G, loss_agg=agg)
+    kw = dict(prompt_rate=0.5, completion_rate=0.5)
+    full, unweighted, biased = step(DPPO(**kw)), step(UnweightedDPPO(**kw)), step(BiasedDPPO(**kw))
+    assert full.rolled == unweighted.rolled and torch.equal(full.rows, unweighted.rows)
+    assert unweighted.normaliser == full.normaliser
+    assert (unweighted.weights == 1).all() and (full.weights > 1).any()
+    assert biased.normaliser != full.normaliser
 
 
 def test_kept_token_count_normaliser_is_biased():
@@ -384,7 +402,7 @@ def test_every_pruner_field_reaches_its_pruner():
     dppo_fields = dict(prompt_prune_rate=0.3, completion_prune_rate=0.4, prune_sampling="fixed_count",
                        prompt_candidate_rule="abs_adv", abs_adv_threshold=0.2, inclusion_floor=0.2, size_proxy="adv",
                        uniform_mix=0.5, kl_coef=0.07, loss_agg="token-mean")
-    for name, cls in (("dppo", DPPO), ("dppo_biased", BiasedDPPO)):
+    for name, cls in (("dppo", DPPO), ("dppo_biased", BiasedDPPO), ("dppo_unweighted", UnweightedDPPO)):
         pruner = build_pruner(TrainConfig(pruner=name, **dppo_fields))
         assert type(pruner) is cls
         assert pruner == cls(prompt_rate=0.3, completion_rate=0.4, sampling="fixed_count", prompt_rule="abs_adv",

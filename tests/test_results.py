@@ -216,3 +216,61 @@ def test_no_import_cycle():
     graph["vllm_rollout"].add("rollout")
     graph["rollout"].add("vllm_rollout")
     assert _cycle(graph) is not None
+
+
+def _load_run(path, threads: list[int], other_cores: list[float], machine: dict | None = None,
+              per_step: bool = True):
+    """A run folder of len(threads) one-second steps that computed with `threads[i]` intra-op threads (CPU time: a
+    core each) and met `other_cores[i]` cores of other work; `per_step` False: a run of earlier code that logged
+    neither."""
+    import json
+
+    rows = [{"step": 0, "eval/avg": 0.2}]
+    rows += [{"step": i + 1, "epoch": (i + 1) / len(threads), "timing_s/step": 1.0, "cpu_s/step": float(t),
+              "flops/step": 1.0, "tokens/generated": 1, "tokens/trained": 1, "kept/prompt_frac": 1.0,
+              "kept/completion_frac": 1.0, "density/valid_token": 1.0,
+              **({"load/threads": t, "load/other_cores": o} if per_step else {}),
+              **({"eval/avg": 0.3} if i == len(threads) - 1 else {})}
+             for i, (t, o) in enumerate(zip(threads, other_cores))]
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "machine.json").write_text(json.dumps(machine or {"cores": 2, "threads": 2}))
+    return path
+
+
+def test_a_run_that_gave_up_a_thread_for_a_tenth_of_its_steps_is_contended(tmp_path):
+    """Two runs on 2 cores, 2 threads planned: one quiet throughout, one that met a competing job at step 5 (0.9
+    cores while computing with both threads) and so computed steps 6-7 with one thread (the auto policy) — 10% of
+    its 20 steps at 1 thread of 2, about 15% of its time contended. Its whole-run means read quiet (1.9 threads,
+    0.15 other cores: within the cores it left free + 0.25), so the old rule missed it; the step-level rule flags it. A
+    one-thread run with another job on the core it leaves free is not contended; a run of earlier code that logged no
+    per-step load still summarizes and is not flagged by the step rule."""
+    import math
+
+    import pandas as pd
+
+    from dppo import tables
+
+    quiet = [0.02] * 20
+    busy_threads = [2] * 5 + [1, 1] + [2] * 13
+    busy_other = [0.02] * 4 + [0.9, 0.9, 0.9] + [0.02] * 13
+    runs = {"quiet": [_load_run(tmp_path / "quiet", [2] * 20, quiet)],
+            "busy for a few steps": [_load_run(tmp_path / "busy", busy_threads, busy_other)],
+            "one thread, a job on its free core": [_load_run(tmp_path / "one", [1] * 20, [0.9] * 20,
+                                                             {"cores": 2, "threads": 1})],
+            "earlier code": [_load_run(tmp_path / "old", [2] * 20, quiet, per_step=False)]}
+    seeds = tables.per_seed(runs, "quiet").set_index("label")
+    assert seeds["contended"].to_dict() == {"quiet": False, "busy for a few steps": True,
+                                            "one thread, a job on its free core": False, "earlier code": False}
+    # the whole-run rule alone: 0.152 other cores against 0.1 free + 0.25; the threads' core share equal to the others'
+    assert not (seeds["load/other_cores"] > seeds["load/spare_cores"] + tables.OTHER_CORES_LIMIT).any()
+    row = results.summarize(tmp_path / "busy")
+    assert row["load/threads"] == pytest.approx(1.9) and row["load/other_cores"] == pytest.approx(0.152)
+    assert row["load/contended_frac"] == pytest.approx(3 / 20)  # step 5 (0.9 cores, none free), steps 6-7 (1 thread)
+    assert results.summarize(tmp_path / "quiet")["load/contended_frac"] == 0.0
+    assert results.summarize(tmp_path / "one")["load/contended_frac"] == 0.0
+    assert math.isnan(results.summarize(tmp_path / "old")["load/contended_frac"])
+    steps = results.contended_steps(pd.Series([2, 1, 2, 2]), pd.Series([0.2, 0.0, 0.3, 0.1]), 2, 2)
+    assert steps.tolist() == [False, True, True, False]  # 0.2 <= 0 free + 0.25; fewer threads; 0.3 > 0 free + 0.25
+    one_thread = results.contended_steps(pd.Series([1, 1]), pd.Series([1.2, 1.3]), 1, 2)
+    assert one_thread.tolist() == [False, True]  # 1 core free: 1.2 within it + 0.25, 1.3 beyond

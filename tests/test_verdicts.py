@@ -92,6 +92,7 @@ def test_equal_compute_verdict(gain, gain_ci, verdict):
             "DPPO": dict(reached=2, seeds=3, speedup_reach=1.5, speedup_reach_ci=0.25, speedup_reach_flops=1.75,
                          acc_at_budget=42.0, gain_at_budget=gain, gain_at_budget_ci=gain_ci)}
     text = tables.equal_compute_sentences(pd.DataFrame.from_dict(rows, orient="index"), "GRPO")
-    assert text.startswith("- **DPPO** reaches GRPO's final accuracy in 2 of 3 seeds, 1.50x faster than GRPO gets "
+    assert text.startswith("- **DPPO** comes within one evaluation s.e. of GRPO's final accuracy in 2 of 3 seeds, 1.50x "
+                           "faster than GRPO gets "
                            "there (95% CI 1.25-1.75) (1.75x in FLOPs); trained for GRPO's time it scores 42.0, "), text
     assert text.endswith(f": {verdict}).")
