@@ -3,10 +3,10 @@
 # then paper_figures (every table and figure of docs/method.md §6 into figures/, and the README's results table from
 # them). Executed notebooks are kept under experiments/results/notebooks/.
 #
-#   ./reproduce.sh                          every study on the embedded default (~1 h), then paper_figures
+#   ./reproduce.sh                          every study on the embedded default (~35 min), then paper_figures
 #   ./reproduce.sh --study main_results     one study (a notebook name), then paper_figures
 #   ./reproduce.sh --study real_model       the main comparison on a real pretrained LLM (SmolLM2-135M-Instruct,
-#                                           ~50 min on 2 cores; not in the default run for its length)
+#                                           ~80 min on 2 cores; not in the default run for its length)
 #   ./reproduce.sh --study packing -f my.yaml   papermill parameter file for the study (its results_dir, if any:
 #                                           the runs, tables and figures there, never the committed figures/)
 #   ./reproduce.sh --profile paper          paper-scale parameter files experiments/paper/<study>.yaml (GPUs):
@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 mapfile -t STUDIES < <(python3 dppo/studies.py)  # the study registry (dppo.studies), in order; stdlib only
-mapfile -t ALL_STUDIES < <(python3 dppo/studies.py --all)  # and those run only when named (real_model: ~50 min)
+mapfile -t ALL_STUDIES < <(python3 dppo/studies.py --all)  # and those run only when named (real_model: ~80 min)
 study=() params="" profile="cpu" dry_run=0 train=() lab=0 toy=0
 fail() { echo "reproduce.sh: $1" >&2; exit 2; }
 value() { [ $# -ge 2 ] && [ -n "$2" ] && [ "${2#--}" = "$2" ] || fail "$1 needs a value (see --help)"; }

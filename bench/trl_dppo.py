@@ -11,6 +11,12 @@ and gradient checkpointing off, as bench/vs_trl.py). The only difference: DPPOTr
 experiments/cpu/dppo.yaml's rates (prompt_prune_rate 0.5, completion_prune_rate 0.5, bernoulli), so its passes over
 the data take fewer generation batches and its updates fewer rows.
 
+What it compares: DPPO inside TRL against TRL's GRPO, as a TRL user would switch. Not pruning alone: DPPOTrainer also
+scores the rows it keeps packed densely (`pack_sequences`), where GRPOTrainer pads them, so the speed-up mixes the two.
+Pruning's own share would need a third contender, DPPOTrainer at rates 0 with packing on; at rates 0 DPPOTrainer takes
+TRL's padded path today, so that contender is not here yet (bench/vs_trl.py separates layout from pruning in dppo's
+own trainer).
+
 `--model smollm2-135m`: SmolLM2-135M-Instruct on the arithmetic task instead, as experiments/cpu/real_grpo.yaml sets
 it (TRL's conversational prompts, so TRL applies the model's chat template; 8 prompts x 8 completions, <= 32 new
 tokens, temperature 0.7, lr 3e-5 after 2 warm-up steps, two micro-batches of 32 rows a step (memory), answers read

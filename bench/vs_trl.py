@@ -8,6 +8,10 @@ Work: the embedded model and task, math-verify reward, 16 prompts x 8 completion
 temperature 1, beta 0 (no reference model), TRL's `grpo` loss (dppo: algorithm grpo, the same sequence-mean of
 token means), lr 1e-4 constant after 10 warm-up steps, grad-norm clip 1, one update per rollout.
 
+What it compares: what a TRL user gains by switching trainers — dppo's trainer on its own layout (rows packed, each
+group's prompt computed once) against `GRPOTrainer`'s padded default. dppo GRPO against TRL GRPO is the layout and the
+trainer, no pruning; dppo DPPO against dppo GRPO (both on the shared layout) is pruning's own share.
+
 Three contenders train side by side: TRL GRPO, dppo GRPO (shared-prompt packing, exact, docs/method.md §3.3)
 and dppo DPPO (experiments/cpu/dppo.yaml). They alternate: after every TRL step (a callback) each dppo run
 takes its next step, so a busy machine slows all three alike; per-step wall and CPU times are recorded for each.

@@ -126,12 +126,11 @@ def _real(figures: Path, name: str, df: pd.DataFrame, seeds: pd.DataFrame) -> st
     samples = cfg.eval_size * cfg.eval_samples * seeds["seed"].nunique()
     between = ", ".join(f"{label} {m:.1f}" + ("" if math.isnan(h) else f" ± {h:.1f}") for label in df.index
                         for m, h, _ in [_interval(seeds.loc[seeds["label"] == label, "acc/avg"])])
-    noise = ", ".join(f"± {196 * math.sqrt(p / 100 * (1 - p / 100) / samples):.1f}" for p in df["acc/avg"])
+    noise = max(196 * math.sqrt(p / 100 * (1 - p / 100) / samples) for p in df["acc/avg"])
     eq = pd.read_csv(figures / f"{name}_equal_compute.csv").set_index("label").drop(index="GRPO")
-    reach = "; ".join(f"{label} within one evaluation s.e. of GRPO's final accuracy {_value(row, 'speedup_reach', 'x')} "
-                      f"sooner ({int(row['reached'])}/{int(row['seeds'])} seeds)" for label, row in eq.iterrows())
-    return (f"Pass@1 over seeds: {between} (evaluation noise alone, {samples} samples pooled: {noise}); "
-            f"{reach}")
+    reach = "; ".join(f"{label} {_value(row, 'speedup_reach', 'x')} sooner ({int(row['reached'])}/{int(row['seeds'])} "
+                      "seeds)" for label, row in eq.iterrows())
+    return f"Pass@1 over seeds: {between} (evaluation noise ± {noise:.1f}); to GRPO's final accuracy ± 1 s.e.: {reach}"
 
 
 def _f3(figures: Path) -> str:
@@ -153,9 +152,9 @@ def _f3(figures: Path) -> str:
 
         p = pd.read_csv(proportional)
         p = p[p["rule"] == rule_name()]
-        text += (f"; proportional inclusion (default proxy), same budget: median {p['median'].min():.2f}-"
-                 f"{p['median'].max():.2f}x the uniform rule's variance, below it at every rate on "
-                 f"{p['batches_below_at_every_rate'].iloc[0]}/{p['batches'].iloc[0]} batches")
+        text += (f"; proportional (default proxy, same budget): {p['median'].min():.2f}-{p['median'].max():.2f}x the "
+                 f"uniform rule's variance (median), below it on {p['batches_below_at_every_rate'].iloc[0]}/"
+                 f"{p['batches'].iloc[0]} batches")
     return text
 
 
@@ -202,7 +201,7 @@ def results_table(figures: Path = ROOT / "figures") -> str:
                              if label not in recipe.layout_rows)
             shared = [f"{label} vs {base_of(label)}: {_run(row)}" for label, row in rows.iterrows()
                       if label in recipe.layout_rows]
-            what += (". Shared-prompt layout (dppo's extension): " + "; ".join(shared)) if shared else ""
+            what += (". Shared prompts: " + "; ".join(shared)) if shared else ""
             judged = [label for label in rows.index if label.startswith("DPPO") or label.endswith("+ DPPO")]
         if table == "R1":  # the real model: its pooled accuracies and the equal-compute speed-up
             what += "; " + _real(figures, name, df, per_seed)

@@ -238,6 +238,12 @@ def eval_counts(run_dir: str | Path, df: pd.DataFrame) -> pd.Series:
     return logged.astype(float).fillna(graded_samples(run_dir, eval_splits(df)))
 
 
+# A step's phases (its timing_s/* columns, dppo.trainer): generation and its reward, the no-grad log-prob passes, and
+# the update (forward, backward, optimizer); what is left of timing_s/step is the pruner's bookkeeping and the gather.
+PHASES = {"rollout": ("timing_s/rollout", "timing_s/reward"), "scoring": ("timing_s/old_logprob", "timing_s/ref_logprob"),
+          "update": ("timing_s/update",)}
+
+
 def summarize(run_dir: str | Path) -> dict:
     """One row: final accuracy per split and average, the step-0 accuracy (NaN when the run skipped it), train
     seconds / CPU seconds / FLOPs, steps, epochs, tokens, kept fractions, the cores other work took meanwhile and the
@@ -266,6 +272,9 @@ def summarize(run_dir: str | Path) -> dict:
         "cores": float(machine.get("cores", float("nan"))),
         # the share of its training time spent in contended steps (a whole-run average hides a few of them)
         "load/contended_frac": contended_fraction(train, machine),
+        # where the training time went (it decides where pruning can save: docs/method.md §5.1)
+        **{f"phase_s/{phase}": float(sum(train[c].sum() for c in columns if c in train))
+           for phase, columns in PHASES.items()},
     })
     return row
 

@@ -104,23 +104,24 @@ STUDIES = (
     Study("main_results", "T1 and F2: GRPO, GRESO, CPPO and DPPO",
           (Table("T1", "T1_main_results", grpo_same_layout, at_equal_compute=True,
                  layout_rows=(f"GRPO{SHARED}", f"DPPO{SHARED}")),), ("F2_training_curves",), seeds=(0, 1, 2),
-          cpu_minutes=32.5),
+          cpu_minutes=20.1),
     Study("algorithms", "T2: GRPO, DAPO and GSPO with and without DPPO", (Table("T2", "T2_algorithms", without_dppo),),
-          cpu_minutes=7),
+          cpu_minutes=2.9),
     Study("scale", "T3: a larger model with and without DPPO", (Table("T3", "T3_scale", grpo_same_model),),
-          cpu_minutes=5),
+          cpu_minutes=2.4),
     Study("ablations", "T4 and T5: ablations and the r_q x r_o grid",
           (Table("T4", "T4_ablations"), Table("T5", "T5_sensitivity", grid=True)), ("T5_sensitivity_heatmap",),
-          cpu_minutes=8),
+          cpu_minutes=5.5),
     Study("gradient_variance", "F3: gradient variance and bias against the pruning rates", (),
-          ("F3_gradient_variance",), cpu_minutes=7),
-    Study("packing", "F4: Dense Prompt Packing", (), ("F4_packing",), cpu_minutes=0.9),
-    Study("case_study", "F5: one problem, each method's answers over training", (), ("F5_case_study",), cpu_minutes=1),
-    # a real pretrained LLM on CPU (docs/method.md §4.6): 48 min on 2 cores (2026-12-02), so only by name
+          ("F3_gradient_variance",), cpu_minutes=1.4),
+    Study("packing", "F4: Dense Prompt Packing", (), ("F4_packing",), cpu_minutes=0.3),
+    Study("case_study", "F5: one problem, each method's answers over training", (), ("F5_case_study",), cpu_minutes=0.3),
+    # a real pretrained LLM on CPU (docs/method.md §4.6), only by name: 38.5 min on 2 cores without the shared-prompt
+    # rows (2026-12-05), ~80 with them (their runs' training times, estimated)
     Study("real_model", "R1: GRPO and DPPO on a real pretrained LLM (SmolLM2-135M-Instruct)",
           (Table("R1", "R1_real_model", grpo_same_layout, at_equal_compute=True,
                  layout_rows=(f"GRPO{SHARED}", f"DPPO{SHARED}")),), ("R1_real_model_curves",), seeds=(0, 1, 2),
-          in_default_run=False, cpu_minutes=48),
+          in_default_run=False, cpu_minutes=80),
 )
 BY_NAME = {s.name: s for s in STUDIES}
 # What ./reproduce.sh runs without --study, under either profile (cpu, paper: the same list); paper_figures asks for
@@ -182,9 +183,9 @@ def t1_long(epochs: int = LONG_EPOCHS) -> dict:
 
 # R1, the real pretrained model (docs/method.md §4.6): SmolLM2-135M-Instruct on the arithmetic task, GRPO and DPPO at
 # the paper's rates, 3 seeds: 64 training problems x 2 epochs = 16 GRPO steps of 8 prompts x 8 completions (the second
-# epoch is where the prompt stage has history to prune with), each method evaluated every 8 steps on its seed's 256
-# held-out problems x 2 samples.
-REAL_SETUP = {"train_size": 64, "epochs": 2, "eval_every": 8, "save_every": 1000, "keep_checkpoints": 1}
+# epoch is where the prompt stage has history to prune with), each method evaluated every 4 steps on its seed's 256
+# held-out problems x 2 samples (a grid fine enough for the time to GRPO's accuracy: 4 points of 16 steps).
+REAL_SETUP = {"train_size": 64, "epochs": 2, "eval_every": 4, "save_every": 1000, "keep_checkpoints": 1}
 REAL_RUNS = {
     "GRPO": ("experiments/cpu/real_grpo.yaml", REAL_SETUP, "real_model/grpo"),
     "DPPO": ("experiments/cpu/real_dppo.yaml", {**REAL_SETUP, **_NO_START}, "real_model/dppo"),

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dppo.results import OTHER_CORES_LIMIT, eval_counts, load_run, summarize
+from dppo.results import OTHER_CORES_LIMIT, PHASES, eval_counts, load_run, summarize
 from dppo.studies import FIGURES, PAPER, PAPER_GAIN, PAPER_SPEEDUP, Table, longer_rows
 
 SPEEDUPS = {"speedup": "train_s", "speedup_cpu": "train_cpu_s", "speedup_flops": "train_flops"}
@@ -262,6 +262,10 @@ def markdown(summary: pd.DataFrame, cpu_columns: bool = True) -> str:
         body[names[c]] = [cell(m, ci, digits) for m, ci in zip(summary[c], summary[f"{c}_ci"])]
     if cpu_columns:
         body["speed-up"] = [s + (f" †{k}" if k else "") for s, k in zip(body["speed-up"], summary["contended"])]
+    phases = [f"phase_s/{p}" for p in PHASES]
+    if all(c in summary.columns for c in phases):  # where each row's training time went (mean over seeds)
+        body["rollout / scoring / update (min)"] = [" / ".join(f"{summary.loc[label, c] / 60:.2f}" for c in phases)
+                                                     for label in summary.index]
     return body.to_markdown(stralign="right")
 
 

@@ -274,3 +274,30 @@ def test_a_run_that_gave_up_a_thread_for_a_tenth_of_its_steps_is_contended(tmp_p
     assert steps.tolist() == [False, True, True, False]  # 0.2 <= 0 free + 0.25; fewer threads; 0.3 > 0 free + 0.25
     one_thread = results.contended_steps(pd.Series([1, 1]), pd.Series([1.2, 1.3]), 1, 2)
     assert one_thread.tolist() == [False, True]  # 1 core free: 1.2 within it + 0.25, 1.3 beyond
+
+
+def test_each_rows_training_time_is_split_by_phase(tmp_path):
+    """Beside every speed-up, where the time went (docs/method.md §5.1): summarize sums each phase's timing_s/* over
+    the training steps (rollout with its reward, the no-grad scoring passes, the update), and the markdown table shows
+    the mean over seeds in minutes, per row."""
+    import json
+
+    from dppo import tables
+
+    def run(path, rollout, update, scoring=0.0):
+        rows = [{"step": 0, "eval/avg": 0.2}] + [
+            {"step": i + 1, "epoch": (i + 1) / 4, "timing_s/step": rollout + update + scoring + 1.0, "cpu_s/step": 1.0,
+             "flops/step": 1.0, "tokens/generated": 1, "tokens/trained": 1, "kept/prompt_frac": 1.0,
+             "kept/completion_frac": 1.0, "density/valid_token": 1.0, "timing_s/rollout": rollout - 1.0,
+             "timing_s/reward": 1.0, "timing_s/old_logprob": scoring, "timing_s/ref_logprob": 0.0,
+             "timing_s/update": update, **({"eval/avg": 0.3} if i == 3 else {})} for i in range(4)]
+        path.mkdir(parents=True)
+        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+    grpo, dppo = run(tmp_path / "grpo", 15.0, 45.0), run(tmp_path / "dppo", 12.0, 18.0, scoring=3.0)
+    row = results.summarize(dppo)
+    assert (row["phase_s/rollout"], row["phase_s/scoring"], row["phase_s/update"]) == (48.0, 12.0, 72.0)
+    summary = tables.aggregate(tables.per_seed({"GRPO": [grpo], "DPPO": [dppo]}, "GRPO"))
+    md = tables.markdown(summary)
+    assert "rollout / scoring / update (min)" in md
+    assert "1.00 / 0.00 / 3.00" in md and "0.80 / 0.20 / 1.20" in md, md
