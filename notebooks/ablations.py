@@ -71,13 +71,14 @@ display(Markdown(
 
 # %%
 assert {"prompt stage only", "completion stage only", "without 1/pi weights"} <= set(t4.index)
-# without Dense Prompt Packing is DPPO without refill on the same layout: each step rolls out what its prune left of
-# prompts_per_step prompts, never more; with refill a step covers more prompts than that whenever the prompt stage pruned
+# without Dense Prompt Packing is DPPO without refill on the same layout: each step covers at most prompts_per_step
+# prompts and rolls out what its prune left of them; refill covers more prompts a step where it pruned (when the epoch
+# has more to take), so over the same epochs it takes no more steps
 no_refill = results.load_run(runs4["without Dense Prompt Packing"][0]).query("step > 0")
 refill = results.load_run(runs4[full][0]).query("step > 0")
 per_step = results.load_run(runs4["GRPO"][0]).query("step > 0")["prompts/covered"].max()
 assert (no_refill["prompts/covered"] <= per_step).all(), no_refill["prompts/covered"]
-assert (refill["prompts/covered"] > per_step).any() or (refill["kept/prompt_frac"] == 1.0).all(), refill
+assert len(refill) <= len(no_refill), (len(refill), len(no_refill))
 assert len(t5) == 1 + len(rates) ** 2
 # each ablation does what its label says, at every step: one stage only prunes only at that stage; without 1/pi the
 # kept rows weigh exactly 1

@@ -39,10 +39,12 @@ from dppo.case_study import case_study_answers
 t1_dir = results_dir or (studies.paper_params("main_results").get("results_dir", "") if profile == "paper" else "")
 t1_root = results.study_root(t1_dir, smoke, profile)  # where main_results trained T1
 out = results.figures_dir(smoke, profile, results_dir)
-runs = {label: dirs[0] for label, dirs in studies.run_dirs(studies.T1_RUNS, seeds=[0], root=t1_root).items()}  # seed 0
+# T1's methods on its layout (not the shared-prompt rows: the same methods, another layout; the paper profile has none)
+methods = {label: row for label, row in studies.T1_RUNS.items() if label not in studies.TABLES["T1"].layout_rows}
+runs = {label: dirs[0] for label, dirs in studies.run_dirs(methods, seeds=[0], root=t1_root).items()}  # seed 0
 if smoke:
     samples = 4
-    runs = {label: dirs[0] for label, dirs in results.run_layout(studies.T1_RUNS, smoke=True).items()}
+    runs = {label: dirs[0] for label, dirs in results.run_layout(methods, smoke=True).items()}
 answers = case_study_answers(runs, split=split, samples=samples)
 answers.to_csv(t1_root / "case_study.csv", index=False)
 answers.head(20)
