@@ -102,7 +102,7 @@ def test_tables_have_a_column_per_paper_benchmark_and_the_cpu_figures_stay(toy_r
     case = pd.read_csv(root / "paper" / "case_study.csv")  # a MATH-500 problem (experiments/paper/case_study.yaml)
     math500 = {json.loads(ln)["problem"] for ln in (ROOT / "tests/fixtures/math500.jsonl").read_text().splitlines()}
     assert any(q in case["question"].iloc[0] for q in math500)
-    assert set(case["method"]) == set(studies.T1_RUNS) and case.groupby("method")["step"].max().gt(0).all()
+    assert set(case["method"]) == set(t1) and case.groupby("method")["step"].max().gt(0).all()
     assert _digest(ROOT / "figures") == cpu_figures  # the CPU tables and figures were not touched
     assert (root / "notebooks" / "paper_figures.ipynb").is_file()
 
