@@ -116,16 +116,16 @@ def against_paper(table: str, df: pd.DataFrame, seeds: pd.DataFrame) -> str:
 
 
 def _real(figures: Path, name: str, df: pd.DataFrame, seeds: pd.DataFrame) -> str:
-    """Each method's final accuracy: mean ± the 95% interval over its seeds (what varies between runs), then the
+    """Each method's final accuracy: mean ± the 95% interval over its seeds (the table's, `tables.aggregate`), then the
     binomial half-width of the samples pooled over the seeds, labelled as what it is (evaluation noise only); and the
     time to within one evaluation s.e. of the baseline's final accuracy (equal compute, `tables.reach`)."""
     from dppo.config import TrainConfig
     from dppo.studies import REAL_RUNS
+    from dppo.tables import cell
 
     cfg = TrainConfig.load(ROOT / REAL_RUNS["GRPO"][0], REAL_RUNS["GRPO"][1])
     samples = cfg.eval_size * cfg.eval_samples * seeds["seed"].nunique()
-    between = ", ".join(f"{label} {m:.1f}" + ("" if math.isnan(h) else f" ± {h:.1f}") for label in df.index
-                        for m, h, _ in [_interval(seeds.loc[seeds["label"] == label, "acc/avg"])])
+    between = ", ".join(f"{label} {cell(row['acc/avg'], row['acc/avg_ci'], 1)}" for label, row in df.iterrows())
     noise = max(196 * math.sqrt(p / 100 * (1 - p / 100) / samples) for p in df["acc/avg"])
     eq = pd.read_csv(figures / f"{name}_equal_compute.csv").set_index("label").drop(index="GRPO")
     reach = "; ".join(f"{label} {_value(row, 'speedup_reach', 'x')} sooner ({int(row['reached'])}/{int(row['seeds'])} "
