@@ -3,8 +3,9 @@
 Kept (prompt, completion) sequences are packed into rows of at most `capacity` tokens by
 best-fit-decreasing; position ids restart at 0 for every sequence and no attention mask is passed,
 so transformers derives the block-diagonal causal mask from the restarting positions (sdpa/eager), or the
-varlen cu_seqlens of flash-attn, which it does only for a batch of one row: with `flash_attention_2` every
-sequence of a micro-batch goes in one row (`packed_layout`). Only completion tokens are read back, so the logits at sequence
+varlen cu_seqlens of flash-attn, which it does only for a batch of one row: with a flash-attn varlen kernel every
+sequence of a micro-batch goes in one row, and with a kernel that separates nothing, one sequence a row
+(`attention_rows`, `packed_layout`). Only completion tokens are read back, so the logits at sequence
 boundaries (which would predict the next sequence's first token) are never used.
 
     packed logp[n, t] == padded logp[n, t]   (fp32: max abs diff <= 1e-5; tested)
@@ -68,11 +69,36 @@ def token_groups(lengths: list[int], budget: int) -> list[list[int]]:
     return groups
 
 
-def one_row_kernel(attn_implementation: str) -> bool:
-    """Whether the attention kernel takes a packed micro-batch as ONE row: flash-attn's varlen kernel, whose
-    cu_seqlens transformers derives from restarting position ids only for a batch of one row (several rows would let
-    sequences attend across each other). The one place dppo decides it."""
-    return attn_implementation.startswith("flash_attention")
+ROWS, ONE_ROW, ONE_SEQUENCE = "rows", "one_row", "one_sequence"  # how a kernel takes packed sequences
+
+
+def attention_rows(attn_implementation: str) -> str:
+    """How the attention kernel a model runs (its `config._attn_implementation`) can take packed sequences, decided
+    from what transformers registered under that name (its mask builder and attention function), not from the name,
+    so hub kernels and new names land where their behaviour puts them (docs/method.md §3.2):
+
+      rows          several sequences a row: transformers' own sdpa and eager apply the block-diagonal causal mask it
+                    builds from position ids restarting per sequence;
+      one_row       a micro-batch is ONE row: flash-attn's varlen kernel (flash_attention_2/3/4, or a hub kernel such
+                    as kernels-community/flash-attn2, registered with flash_attn_varlen_func), whose sequence
+                    boundaries transformers derives from the position ids only for a batch of one row; several rows
+                    would let each row's sequences attend to each other;
+      one_sequence  anything else (flex_attention, paged kernels, hub kernels registered with sdpa's mask, a name
+                    transformers does not know): nothing is known to separate two sequences of a row, so each row
+                    holds one, its padding after it (never seen under causal attention).
+
+    The one place dppo decides it."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS as masks
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as kernels
+
+    mask, kernel = masks.get(attn_implementation), kernels.get(attn_implementation)
+    if attn_implementation == "eager" and mask is masks["eager"]:  # the model's own eager attention, masked
+        return ROWS
+    if mask is masks["sdpa"] and kernel is kernels["sdpa"]:
+        return ROWS
+    if mask is masks["flash_attention_2"] and kernel is kernels["flash_attention_2"]:  # varlen, from position ids
+        return ONE_ROW
+    return ONE_SEQUENCE
 
 
 def _attention_kernel(scorer) -> str:
@@ -81,13 +107,42 @@ def _attention_kernel(scorer) -> str:
     return getattr(policy.config, "_attn_implementation", "sdpa") or "sdpa"
 
 
+def padded_groups(lengths: list[int], budget: int) -> list[list[int]]:
+    """Groups of items, longest first, each padded to its longest within `budget` token slots (rows x longest; an
+    item longer than `budget` alone): the micro-batches of a one-sequence-per-row kernel."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 def packed_layout(lengths: list[int], capacity: int, attn_implementation: str = "sdpa") -> list[list[int]]:
-    """Rows of sequence indices handed to the attention kernel. sdpa / eager: best-fit-decreasing rows of <=
-    `capacity` tokens (the block-diagonal mask comes from the restarting position ids); a one-row kernel
-    (flash_attention_2): every sequence in ONE row, longest first."""
-    if one_row_kernel(attn_implementation):
-        return [sorted(range(len(lengths)), key=lambda i: -lengths[i])]
+    """Rows of sequence indices handed to the attention kernel (`attention_rows`): rows: best-fit-decreasing rows of
+    <= `capacity` tokens; one_row: every sequence in ONE row, longest first; one_sequence: a row per sequence,
+    longest first."""
+    rows = attention_rows(attn_implementation)
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    if rows == ONE_ROW:
+        return [order]
+    if rows == ONE_SEQUENCE:
+        return [[i] for i in order]
     return pack_rows(lengths, capacity)
+
+
+def check_layout(layout: list[list[int]], attn_implementation: str) -> None:
+    """Refuse a layout the kernel would score wrongly: several rows for a one-row kernel, or two sequences (or
+    segments) in a row for a kernel that does not separate them."""
+    rows = attention_rows(attn_implementation)
+    if rows == ONE_ROW and len(layout) > 1:
+        raise ValueError(f"attn_implementation {attn_implementation} takes a packed micro-batch as one row, got "
+                         f"{len(layout)} rows")
+    if rows == ONE_SEQUENCE and any(len(row) > 1 for row in layout):
+        raise ValueError(f"attn_implementation {attn_implementation} does not separate sequences sharing a row "
+                         f"(packing needs sdpa, eager or a flash-attn varlen kernel), got a row of "
+                         f"{max(map(len, layout))}")
 
 
 # ------------------------------------------------------------------ an update's micro-batches, planned once
@@ -128,11 +183,13 @@ class MicroBatchPlan:
       dense   best-fit-decreasing rows of <= `capacity` tokens over the whole minibatch (`pack_rows`, so only its
               last rows are part-full), whole rows grouped into micro-batches of <= `token_budget` tokens; with a
               one-row kernel (flash-attn) the sequences grouped greedily into micro-batches of <= `token_budget`
-              tokens (`token_groups`), each micro-batch one row;
-      shared  as dense on sdpa / eager, each group's sequences one segment (its prompt once, §3.3). A one-row
-              kernel cannot share a prompt (that needs a 4-D mask): `for_run` plans dense then, with a warning."""
+              tokens (`token_groups`), each micro-batch one row; with a kernel that separates no sequences
+              (`attention_rows` one_sequence) a row per sequence, micro-batches of <= `token_budget` slots
+              (`padded_groups`);
+      shared  as dense on sdpa / eager, each group's sequences one segment (its prompt once, §3.3). Another kernel
+              cannot share a prompt (that needs a 4-D mask): `for_run` plans dense then, with a warning."""
     packing: str  # "none" | "dense" | "shared"
-    one_row: bool  # the attention kernel takes a micro-batch as one row (`one_row_kernel`)
+    kernel_rows: str  # how the attention kernel takes packed sequences (`attention_rows`)
     capacity: int  # tokens of a packed row (pack_capacity)
     token_budget: int  # tokens of a packed micro-batch (micro_batch_tokens)
     micro_batch_size: int  # sequences of a padded micro-batch
@@ -140,13 +197,13 @@ class MicroBatchPlan:
     @classmethod
     def for_run(cls, packing: str, attn_implementation: str, capacity: int, token_budget: int,
                 micro_batch_size: int) -> "MicroBatchPlan":
-        one_row = one_row_kernel(attn_implementation)
-        if packing == "shared" and one_row:
+        kernel_rows = attention_rows(attn_implementation)
+        if packing == "shared" and kernel_rows != ROWS:
             warnings.warn(f"packing 'shared' with attn_implementation {attn_implementation} packs densely "
-                          "(flash-attn's varlen kernel cannot share a prompt between sequences; docs/method.md §3.3)",
-                          stacklevel=3)
+                          "(sharing a prompt between sequences needs the 4-D mask sdpa or eager applies; "
+                          "docs/method.md §3.3)", stacklevel=3)
             packing = "dense"
-        return cls(packing, one_row, capacity, token_budget, micro_batch_size)
+        return cls(packing, kernel_rows, capacity, token_budget, micro_batch_size)
 
     def segments(self, rows: list[int], groups: list[int]) -> list[list[int]]:
         """`rows` as prompt computations: grouped by `groups[i]` (the prompt row i answers) when shared, in order of
@@ -163,8 +220,10 @@ class MicroBatchPlan:
         if self.packing == "none":
             step = self.micro_batch_size
             return [MicroBatch([[s] for s in segs[k: k + step]]) for k in range(0, len(segs), step)]
-        if self.one_row:
+        if self.kernel_rows == ONE_ROW:
             return [MicroBatch([[segs[j] for j in g]]) for g in token_groups(size, self.token_budget)]
+        if self.kernel_rows == ONE_SEQUENCE:
+            return [MicroBatch([[segs[j]] for j in g]) for g in padded_groups(size, self.token_budget)]
         out, cur, tokens = [], [], 0
         for b in pack_rows(size, self.capacity):
             n = sum(size[j] for j in b)
@@ -189,8 +248,7 @@ def packed_completion_logprobs(model, prompt_ids: list[list[int]], completion_id
     scorer = as_scorer(model)
     kernel = _attention_kernel(scorer)
     bins = packed_layout(lengths, capacity, kernel) if layout is None else layout
-    if one_row_kernel(kernel) and len(bins) > 1:
-        raise ValueError(f"attn_implementation {kernel} takes a packed micro-batch as one row, got {len(bins)} rows")
+    check_layout(bins, kernel)
     width = max(sum(lengths[i] for i in b) for b in bins)
     ids = torch.full((len(bins), width), pad_id, dtype=torch.long)
     pos = torch.zeros((len(bins), width), dtype=torch.long)
@@ -241,12 +299,12 @@ def shared_prompt_logprobs(model, prompt_ids: list[list[int]], completion_ids: l
     (prompt, o_j) alone. The log-prob of o_j's first token is read at the prompt's last position (shared by the
     group); of token t >= 1 at o_j's token t - 1. sdpa gets a boolean mask, eager an additive one; flash-attn's
     varlen kernel cannot express a shared prefix (it would need a prefix-sharing / cascade kernel), so
-    `flash_attention_2` is refused."""
+    any other kernel is refused (`attention_rows`)."""
     scorer = as_scorer(model)
     attn = _attention_kernel(scorer)
-    if one_row_kernel(attn):
-        raise ValueError("packing 'shared' needs attn_implementation sdpa or eager (flash-attn's varlen kernel "
-                         "cannot share a prompt between sequences)")
+    if attention_rows(attn) != ROWS:
+        raise ValueError(f"packing 'shared' needs attn_implementation sdpa or eager, got {attn} (a kernel that "
+                         f"applies no 4-D mask cannot share a prompt between sequences)")
     segments = group_segments(groups) if layout is None else [seg for row in layout for seg in row]
     seg_len = [len(prompt_ids[seg[0]]) + sum(len(completion_ids[i]) for i in seg) for seg in segments]
     if layout is None:
@@ -307,7 +365,8 @@ def pack_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor, capacity:
     attention_mask one run of ones) packed densely, as `packed_completion_logprobs` packs. input_ids,
     attention_mask [n, T] -> (ids [R, W], position_ids [R, W] restarting at 0 per sequence, slot [n, T] long: the
     flat index r W + c of each real token in the packed rows, -1 at padding). `packed_layout` chooses the rows for
-    the attention kernel (sdpa / eager: best-fit-decreasing into <= `capacity` tokens; flash-attn: one row)."""
+    the attention kernel (`attention_rows`: sdpa / eager best-fit-decreasing into <= `capacity` tokens; flash-attn one
+    row; any other kernel a row per sequence)."""
     real = attention_mask.bool()
     lengths = real.sum(1).tolist()
     bins = packed_layout([max(n, 1) for n in lengths], capacity, attn_implementation)

@@ -262,8 +262,9 @@ class Trainer:
                           "prompt stage changes: the estimator is then not exactly unbiased (docs/method.md §2.8)",
                           stacklevel=2)
         self.metrics_path = self.out / "metrics.jsonl"
-        # the update's layout and micro-batches, decided once (shared prompts need sdpa / eager: dense otherwise)
-        self.plan = MicroBatchPlan.for_run(cfg.packing, cfg.attn_implementation, cfg.pack_capacity,
+        # the update's layout and micro-batches, decided once from the kernel the model runs (transformers may swap
+        # flash_attention_2 for a hub kernel); shared prompts need sdpa / eager, dense otherwise
+        self.plan = MicroBatchPlan.for_run(cfg.packing, self.policy.config._attn_implementation, cfg.pack_capacity,
                                            cfg.micro_batch_tokens, cfg.micro_batch_size)
 
     @property
