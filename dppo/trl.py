@@ -224,7 +224,11 @@ class PruningSampler(Sampler):
 
     `position` is where the next batch starts. Each iteration starts at `start()`, where training stands (the
     trainer's last generated batch's end: the dataloader fetches a batch ahead, and a batch fetched at an epoch's end
-    is composed again, not skipped); the trainer checkpoints that position and sets it back on resume."""
+    is composed again, not skipped); the trainer checkpoints that position and sets it back on resume.
+
+    A pass whose prompts cannot fill one batch with the prompt stage (the candidates' pruned share leaves fewer than
+    `batch_prompts` of the whole pass) runs without it, pi_q = 1 (`unpruned_pass`, with a warning): nothing would
+    roll out, the history would never change, and `max_steps` would wait for a batch forever."""
 
     def __init__(self, size: int, batch_prompts: int, group_size: int, repeat_count: int, shuffle: bool, seed: int,
                  candidates, est_lengths, prompt_rate: float, max_passes: float, one_pass_per_iter: bool = True,
@@ -234,6 +238,7 @@ class PruningSampler(Sampler):
         self.candidates, self.est_lengths = candidates, est_lengths  # keys -> [n] bool / [n] float64 (history)
         self.one_pass_per_iter, self.start = one_pass_per_iter, start  # start: () -> (pass, position, batch number)
         self.pass_no, self.position, self.batch_no = 0, 0, 0
+        self.unpruned_pass = -1  # the pass that runs without the prompt stage (class docstring), if any
         self.compositions: dict[int, Composition] = {}
         self._order: tuple[int, list[int]] | None = None
 
@@ -251,17 +256,24 @@ class PruningSampler(Sampler):
     def compose(self) -> Composition | None:
         """The next batch of the current pass, or None when the pass cannot fill one."""
         order, start = self.order(self.pass_no), self.position
+        rate = 0.0 if self.pass_no == self.unpruned_pass else self.prompt_rate
         flags: list[bool] = []
         n = None
         while n is None and start + len(flags) < self.size:  # read the stream in chunks of 4 B
             chunk = order[start + len(flags): start + len(flags) + 4 * self.batch_prompts]
-            flags += self.candidates(chunk).tolist() if self.prompt_rate > 0 else [False] * len(chunk)
-            n = exact_count_stretch(flags, self.prompt_rate, self.batch_prompts)
+            flags += self.candidates(chunk).tolist() if rate > 0 else [False] * len(chunk)
+            n = exact_count_stretch(flags, rate, self.batch_prompts)
+        if n is None and start == 0 and rate > 0:  # not one batch in the whole pass
+            warnings.warn(f"DPPOTrainer: pass {self.pass_no} cannot fill one generation batch of {self.batch_prompts} "
+                          f"prompts with prompt_prune_rate {rate} ({sum(flags)} of its {self.size} prompts are "
+                          f"candidates): it runs without the prompt stage", stacklevel=2)
+            self.unpruned_pass = self.pass_no
+            return self.compose()
         if n is None:
             return None
         covered = order[start:start + n]
         cand = torch.tensor(flags[:n], dtype=torch.bool)
-        keep, pi = pruning.draw_keep_mask(cand, self.prompt_rate, "fixed_count",
+        keep, pi = pruning.draw_keep_mask(cand, rate, "fixed_count",
                                           mask_generator(self.seed, self.batch_no, 0))
         comp = Composition(self.batch_no, self.pass_no, start, start + n, covered, keep, pi,
                            torch.as_tensor(self.est_lengths(covered), dtype=torch.float64))
@@ -354,6 +366,7 @@ class DPPOTrainer(GRPOTrainer):
         self._sampler: PruningSampler | None = None
         self._generation: _Generation | None = None
         self._trained = (0, 0, 0)  # (pass, position, batch number) where the next untrained batch starts
+        self._unpruned_pass = -1  # restored from a checkpoint: PruningSampler.unpruned_pass
         self._generation_start = (0, 0, 0)  # ... and where the last generated batch started
         self._before_generation = ({}, self.pruner.state_dict())  # its prompts' records and the pruner before it
 
@@ -383,6 +396,7 @@ class DPPOTrainer(GRPOTrainer):
             prompt_rate=a.prompt_prune_rate, max_passes=math.inf if by_steps else math.ceil(a.num_train_epochs),
             one_pass_per_iter=not by_steps, start=lambda: self._trained)
         self._sampler.pass_no, self._sampler.position, self._sampler.batch_no = self._trained
+        self._sampler.unpruned_pass = self._unpruned_pass
         return self._sampler
 
     def train(self, *args, **kwargs):
@@ -645,7 +659,8 @@ class DPPOTrainer(GRPOTrainer):
                         history[str(key)] = asdict(rec)
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, STATE_FILE), "w") as f:
-                json.dump({"history": history, "pruner": pruner_state, "position": list(position)}, f)
+                json.dump({"history": history, "pruner": pruner_state, "position": list(position),
+                           "unpruned_pass": self._sampler.unpruned_pass if self._sampler else -1}, f)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
@@ -658,6 +673,9 @@ class DPPOTrainer(GRPOTrainer):
         self.prompt_history.load_state_dict(state["history"])
         self.pruner.load_state_dict(state["pruner"])
         self._trained = tuple(state["position"])  # the sampler's next iteration starts there
+        self._unpruned_pass = state.get("unpruned_pass", -1)
+        if self._sampler is not None:  # built before the checkpoint is read
+            self._sampler.unpruned_pass = self._unpruned_pass
 
 
 def _completion_width(completion_mask: torch.Tensor) -> int:

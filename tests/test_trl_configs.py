@@ -167,6 +167,37 @@ def test_max_steps_with_prompt_pruning_trains_max_steps(tmp_path, monkeypatch):
     assert trainer.lr_scheduler.get_last_lr()[0] == 0.0
 
 
+def test_a_pass_that_cannot_fill_a_batch_runs_without_the_prompt_stage():
+    """8 prompts, 8 a batch, every one a candidate at prompt_prune_rate 0.5: the prompt stage keeps 4 of a pass, never
+    a batch. Each pass then runs without it (all 8 covered and kept, pi_q = 1: exact), with a warning naming why,
+    instead of yielding nothing (under max_steps a sampler with unbounded passes waited forever)."""
+    from dppo.trl import PruningSampler
+
+    sampler = PruningSampler(8, 8, 1, 1, False, 0, candidates=lambda keys: torch.ones(len(keys), dtype=torch.bool),
+                             est_lengths=lambda keys: [4.0] * len(keys), prompt_rate=0.5, max_passes=5,
+                             one_pass_per_iter=False)
+    with pytest.warns(UserWarning, match="cannot fill one generation batch of 8 prompts with prompt_prune_rate 0.5 "
+                                         r"\(8 of its 8 prompts are candidates\)"):
+        items = list(sampler)
+    assert items == [(k, b) for b in range(5) for k in range(8)]  # a batch a pass, every prompt rolled out
+    assert sampler.unpruned_pass == 4
+
+
+@pytest.mark.timeout(300)
+def test_max_steps_when_no_pass_can_fill_a_batch_trains_max_steps(tmp_path):
+    """Through train(): 4 prompts, 4 a batch, zero rewards: from the second pass every prompt is a candidate and the
+    prompt stage would keep 2. The run trains its max_steps = 3 steps, each batch all 4 prompts with pi_q = 1 (it
+    waited forever before)."""
+    model, tok = load_policy("embedded")
+    trainer = DPPOTrainer(model=model, reward_funcs=zero_reward, train_dataset=prompts_data(4), processing_class=tok,
+                          args=run_args(tmp_path, max_steps=3))
+    with pytest.warns(UserWarning, match="cannot fill one generation batch"):
+        trainer.train()
+    assert trainer.state.global_step == 3
+    assert [(e["pass"], len(e["covered"]), sum(e["prompt_keep"]), set(e["prompt_pi"])) for e in trainer.pruning_log] \
+        == [(p, 4, 4, {1.0}) for p in range(3)]
+
+
 def test_checkpoint_holds_the_pruning_state_when_pushed(tmp_path):
     """With push_to_hub a checkpoint is pushed as transformers saves it: dppo_state.json must already be in it."""
     model, tok = load_policy("embedded")
