@@ -35,7 +35,7 @@ import trl
 from packaging.version import Version
 from torch.utils.data import Dataset, Sampler
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import nanstd
+from trl.trainer.utils import nanmax, nanmin, nanstd
 
 from dppo import packing, pruning
 from dppo.composition import exact_count_stretch
@@ -50,12 +50,15 @@ if not Version(TESTED_TRL[0]) <= Version(Version(trl.__version__).base_version) 
                       f"methods), found {trl.__version__}: pip install 'trl>={TESTED_TRL[0]},<{TESTED_TRL[1]}' (or "
                       f"set DPPO_TRL_UNTESTED=1 to try it)")
 
-# TRL loss_type -> dppo's aggregation (docs/method.md §2.2); pruning supports these four
-LOSS_AGG = {"grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm", "bnpo": "token-mean",
-            "dapo": "token-mean"}
+# TRL loss_type -> dppo's aggregation (docs/method.md §2.2); pruning supports these five. luspo (a row's token sum,
+# averaged over the micro-batch's rows) is dr_grpo's with L_max = 1: the same normaliser, counting completions
+LOSS_AGG = {"grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm", "luspo": "seq-mean-token-sum-norm",
+            "bnpo": "token-mean", "dapo": "token-mean"}
 TRL_ADV_EPS = 1e-4  # TRL's advantage epsilon (hard-coded in GRPOTrainer)
 PRUNING_LOG_LENGTH = 1000  # DPPOTrainer.pruning_log keeps the last this many generation batches
 STATE_FILE = "dppo_state.json"  # in each TRL checkpoint folder
+DPPO_COLUMNS = ("dppo_index", "dppo_batch")  # the sampler's keys in each row, removed before TRL generates
+PADDING = (-1, -1)  # the sampler's key of a zero-weight micro-batch completing an optimizer step's window
 # inputs whose second axis is the completion (trimmed with it)
 COMPLETION_KEYS = ("completion_ids", "completion_mask", "old_per_token_logps", "ref_per_token_logps",
                    "sampling_per_token_logps", "importance_sampling_ratio", "tool_mask")
@@ -99,9 +102,9 @@ class DPPOConfig(GRPOConfig):
                    "use_adaptive_entropy off) when pruning: TRL's entropy bonus is a token mean the row weights would "
                    "skew", self.entropy_coef)
         if self.prompt_prune_rate > 0:
-            _check(self.loss_type != "bnpo", "loss_type", "grpo, dr_grpo or dapo with prompt_prune_rate > 0 (bnpo "
-                   "divides by each micro-batch's tokens, unknown before the prompt masks; dapo is its batch-wide "
-                   "token mean)", self.loss_type)
+            _check(self.loss_type != "bnpo", "loss_type", "grpo, dr_grpo, luspo or dapo with prompt_prune_rate > 0 "
+                   "(bnpo divides by each micro-batch's tokens, unknown before the prompt masks; dapo is its "
+                   "batch-wide token mean)", self.loss_type)
             _check(self.inclusion == "uniform", "inclusion", "uniform with prompt_prune_rate > 0 in TRL (the prompt "
                    "stage keeps an exact count, docs/trl.md)", self.inclusion)
         if self.pruning:
@@ -134,6 +137,7 @@ def trl_row_coefficients(loss_type: str, row_tokens: torch.Tensor, grad_accum: i
 
         grpo     a_r = 1 / (n max(|o_r|, 1) GA)          bnpo  a_r = 1 / (max(sum_r |o_r|, 1) GA)
         dr_grpo  a_r = 1 / (n L_max GA)                   dapo  a_r = P spg / (max(N, 1) GA)
+        luspo    a_r = 1 / (n GA)
 
     with N the generation batch's loss tokens over all processes (TRL's num_items_in_batch) and spg
     steps_per_generation. Computed on the unpruned micro-batch, so fixed before the completion masks."""
@@ -144,6 +148,8 @@ def trl_row_coefficients(loss_type: str, row_tokens: torch.Tensor, grad_accum: i
         return torch.full((n,), 1.0 / (max(float(tok.sum()), 1.0) * grad_accum), dtype=torch.float64)
     if loss_type == "dr_grpo":
         return torch.full((n,), 1.0 / (n * max_completion_length * grad_accum), dtype=torch.float64)
+    if loss_type == "luspo":
+        return torch.full((n,), 1.0 / (n * grad_accum), dtype=torch.float64)
     if loss_type == "dapo":
         return torch.full((n,), n_processes * steps_per_generation / (max(num_items, 1.0) * grad_accum),
                           dtype=torch.float64)
@@ -226,17 +232,25 @@ class PruningSampler(Sampler):
     trainer's last generated batch's end: the dataloader fetches a batch ahead, and a batch fetched at an epoch's end
     is composed again, not skipped); the trainer checkpoints that position and sets it back on resume.
 
+    In that one-pass mode a pass ends where transformers steps: transformers steps the optimizer every `window`
+    (gradient_accumulation_steps) micro-batches or at its planned, unpruned epoch end, and a pruned pass is shorter,
+    so a pass that leaves a window part-full is followed by PADDING keys (zero-weight micro-batches, no generation:
+    `DPPOTrainer._padding_step`) that complete it; the micro-batches in it already count as the window (TRL's
+    normalisation of a last, partial window). Without them their gradient would wait, unapplied, for the next
+    pass's first step, or be dropped after the last.
+
     A pass whose prompts cannot fill one batch with the prompt stage (the candidates' pruned share leaves fewer than
     `batch_prompts` of the whole pass) runs without it, pi_q = 1 (`unpruned_pass`, with a warning): nothing would
     roll out, the history would never change, and `max_steps` would wait for a batch forever."""
 
     def __init__(self, size: int, batch_prompts: int, group_size: int, repeat_count: int, shuffle: bool, seed: int,
                  candidates, est_lengths, prompt_rate: float, max_passes: float, one_pass_per_iter: bool = True,
-                 start=None):
+                 start=None, window: int = 1):
         self.size, self.batch_prompts, self.group_size, self.repeat_count = size, batch_prompts, group_size, repeat_count
         self.shuffle, self.seed, self.prompt_rate, self.max_passes = shuffle, seed, prompt_rate, max_passes
         self.candidates, self.est_lengths = candidates, est_lengths  # keys -> [n] bool / [n] float64 (history)
         self.one_pass_per_iter, self.start = one_pass_per_iter, start  # start: () -> (pass, position, batch number)
+        self.window = window  # micro-batches an optimizer step accumulates
         self.pass_no, self.position, self.batch_no = 0, 0, 0
         self.unpruned_pass = -1  # the pass that runs without the prompt stage (class docstring), if any
         self.compositions: dict[int, Composition] = {}
@@ -283,16 +297,18 @@ class PruningSampler(Sampler):
     def __iter__(self):
         if self.start is not None:
             self.pass_no, self.position, self.batch_no = self.start()
-        yielded = False
+        yielded = 0  # generation batches this iteration
         while self.pass_no < self.max_passes:
             comp = self.compose()
             if comp is None:  # this pass is done; an iteration that has yielded nothing goes on to the next one
                 self.pass_no, self.position = self.pass_no + 1, 0
                 if yielded and self.one_pass_per_iter:
+                    short = -yielded * self.repeat_count % self.window  # micro-batches the last window lacks
+                    yield from [PADDING] * (short * self.batch_prompts * self.group_size)
                     return
                 continue
             self.compositions[comp.batch_no] = comp
-            yielded = True
+            yielded += 1
             for _ in range(self.repeat_count):
                 for key in comp.rolled:
                     for _ in range(self.group_size):
@@ -319,15 +335,21 @@ class IndexedDataset(Dataset):
 
     def __getitem__(self, key):
         index, batch_no = key
-        return {**self.data[index], "dppo_index": index, "dppo_batch": batch_no}
+        return {**self.data[max(index, 0)], "dppo_index": index, "dppo_batch": batch_no}  # PADDING: any row
+
+
+def is_padding(batch) -> bool:
+    """Whether a dataloader batch (a list of rows) is the sampler's window padding."""
+    return isinstance(batch, list) and bool(batch) and batch[0].get("dppo_batch") == PADDING[1]
 
 
 # ------------------------------------------------------------------ the trainer
 @dataclass
 class _Generation:
     """What one generation batch's stages decide, kept between TRL's calls."""
-    inputs: list
+    inputs: list  # the rows, without DPPO_COLUMNS
     comp: Composition
+    indices: list[int]  # [n_local] each row's dataset index
     rewards_per_func: torch.Tensor | None = None  # [R, F] gathered, computed before the log-prob passes
     rewards: torch.Tensor | None = None  # [B, G]
     lengths: torch.Tensor | None = None  # [B, G] loss tokens per completion
@@ -367,6 +389,7 @@ class DPPOTrainer(GRPOTrainer):
         self._generation: _Generation | None = None
         self._trained = (0, 0, 0)  # (pass, position, batch number) where the next untrained batch starts
         self._unpruned_pass = -1  # restored from a checkpoint: PruningSampler.unpruned_pass
+        self._window_micro_batches = 0  # the current optimizer step's micro-batches, its padding not counted
         self._generation_start = (0, 0, 0)  # ... and where the last generated batch started
         self._before_generation = ({}, self.pruner.state_dict())  # its prompts' records and the pruner before it
 
@@ -374,7 +397,7 @@ class DPPOTrainer(GRPOTrainer):
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
         if self.pruning:
-            self._signature_columns = [*self._signature_columns, "dppo_index", "dppo_batch"]
+            self._signature_columns = [*self._signature_columns, *DPPO_COLUMNS]
 
     def get_train_dataloader(self):
         if not self.pruning:
@@ -394,7 +417,7 @@ class DPPOTrainer(GRPOTrainer):
             candidates=lambda keys: self.pruner.prompt_candidates(keys, self.prompt_history),
             est_lengths=lambda keys: self.prompt_history.estimated_lengths(keys, float(a.max_completion_length)),
             prompt_rate=a.prompt_prune_rate, max_passes=math.inf if by_steps else math.ceil(a.num_train_epochs),
-            one_pass_per_iter=not by_steps, start=lambda: self._trained)
+            one_pass_per_iter=not by_steps, start=lambda: self._trained, window=a.gradient_accumulation_steps)
         self._sampler.pass_no, self._sampler.position, self._sampler.batch_no = self._trained
         self._sampler.unpruned_pass = self._unpruned_pass
         return self._sampler
@@ -403,6 +426,43 @@ class DPPOTrainer(GRPOTrainer):
         if self.pruning:  # the sampler restores its own position from the checkpoint (dppo_state.json): transformers
             self.args.ignore_data_skip = True  # must not skip batches counted by TRL's unpruned pass length
         return super().train(*args, **kwargs)
+
+    # ---- optimizer-step windows: a pruned pass ends on a step (PruningSampler pads its last window)
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        self._window_micro_batches = sum(not is_padding(b) for b in batches)
+        return batches, num_items
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.pruning and is_padding(inputs):
+            return self._padding_step(model, inputs, num_items_in_batch)
+        if self.pruning and self._window_micro_batches:  # a window completed by padding is normalised by its own
+            self.current_gradient_accumulation_steps = self._window_micro_batches  # micro-batches, as TRL's last
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def _padding_step(self, model, inputs, num_items_in_batch):
+        """A micro-batch that completes a window with a zero gradient: one zero-weight row of the last generation
+        batch, forward and backward (every process runs the same calls), so that transformers steps the optimizer.
+        It generates nothing, leaves TRL's step counter (its generation schedule) where it was, and logs nothing."""
+        step, logged = self._step, {k: len(v) for k, v in self._metrics["train"].items()}
+        positions = dict(self.scored_positions)
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            self._step = step
+            for k in list(self._metrics["train"]):
+                if k in logged:
+                    del self._metrics["train"][k][logged[k]:]
+                else:
+                    del self._metrics["train"][k]
+            self.scored_positions.clear()
+            self.scored_positions.update(positions)
+
+    def _prepare_inputs(self, generation_batch):
+        if self.pruning and self.model.training and is_padding(generation_batch):
+            last = self._buffered_inputs[0]
+            return {**last, "dppo_weight": torch.zeros_like(last["dppo_weight"])}
+        return super()._prepare_inputs(generation_batch)
 
     # ---- completion stage: rewards before the log-prob passes
     def _generate_and_score_completions(self, inputs):
@@ -414,7 +474,9 @@ class DPPOTrainer(GRPOTrainer):
         batch_nos = {x["dppo_batch"] for x in inputs}
         if len(batch_nos) != 1:
             raise RuntimeError(f"DPPOTrainer: a generation batch mixes sampler batches {sorted(batch_nos)}")
-        self._generation = _Generation(inputs, self._sampler.take(batch_nos.pop()))
+        indices = [x["dppo_index"] for x in inputs]
+        inputs = [{k: v for k, v in x.items() if k not in DPPO_COLUMNS} for x in inputs]  # rewards and environments
+        self._generation = _Generation(inputs, self._sampler.take(batch_nos.pop()), indices)  # see the user's columns
         try:
             output = super()._generate_and_score_completions(inputs)
             return self._attach_weights(output, self._generation)
@@ -527,7 +589,13 @@ class DPPOTrainer(GRPOTrainer):
         labels = labels.view(ids.shape)
         logps, entropies = [], []
         chunk = max(1, (batch_size or input_ids.size(0)) * input_ids.size(1) // ids.size(1))  # TRL's tokens a forward
-        for start in range(0, ids.size(0), chunk):
+        for start in range(0, self._forward_calls(ids.size(0), chunk) * chunk, chunk):
+            if start >= ids.size(0):  # this process is done, another is not: a one-token call, its result unused
+                with self.accelerator.autocast():  # (kept in the graph at weight 0 for the backward's sake)
+                    out = model(input_ids=ids[:1, :1], position_ids=pos[:1, :1], labels=labels[:1, :1],
+                                fused_lm_head=True)
+                logps[0] = logps[0] + 0.0 * out.log_probs.sum()
+                continue
             with self.accelerator.autocast():
                 out = model(input_ids=ids[start:start + chunk], position_ids=pos[start:start + chunk],
                             labels=labels[start:start + chunk], fused_lm_head=True)
@@ -539,6 +607,15 @@ class DPPOTrainer(GRPOTrainer):
             flat = torch.cat(values).reshape(-1)
             return flat.new_zeros(target.shape).index_put(scored.nonzero(as_tuple=True), flat[target[scored]])
         return unpack(logps), unpack(entropies) if compute_entropy else None, None
+
+    def _forward_calls(self, rows: int, chunk: int) -> int:
+        """The model calls of a packed pass: the most any process needs. The packed row count depends on each
+        process's lengths, while under ZeRO-3 / FSDP every forward gathers parameters from all processes, so every
+        process must make the same calls (the ones with fewer make one-token calls)."""
+        calls = torch.tensor([math.ceil(rows / chunk)], device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            torch.distributed.all_reduce(calls, op=torch.distributed.ReduceOp.MAX)
+        return int(calls)
 
     # ---- weights, normaliser and history
     def _attach_weights(self, output: dict, gen: _Generation) -> dict:
@@ -554,6 +631,8 @@ class DPPOTrainer(GRPOTrainer):
         n = output["advantages"].numel()
         start = self.accelerator.process_index * n
         output["dppo_weight"] = weight.reshape(-1)[start:start + n].to(device)
+        if "importance_sampling_ratio" in output:
+            self._kept_sampling_ratio_metrics(output, gen.local_keep)
         agg = LOSS_AGG[self.loss_type]
         z = pruning.unbiased_normaliser(agg, comp.pi, comp.keep, gen.lengths.double(), comp.est_lengths,
                                         self.args.loss_normaliser, prompts_per_step=B)
@@ -563,7 +642,7 @@ class DPPOTrainer(GRPOTrainer):
         output["dppo_seq_scale"] = torch.tensor(1.0 if tokens else B * G / z, dtype=torch.float64, device=device)
         output["dppo_num_items"] = torch.tensor(z if tokens else 0.0, dtype=torch.float64, device=device)
         # history: every rolled-out group, in the sampler's order (checked against the rows' own indices)
-        indices = self.accelerator.gather(torch.tensor([x["dppo_index"] for x in gen.inputs], device=device))
+        indices = self.accelerator.gather(torch.tensor(gen.indices, device=device))
         if indices.view(-1, G)[:, 0].tolist() != comp.rolled:
             raise RuntimeError("DPPOTrainer: the generation batch's groups are not the sampler's prompts in order")
         adv, rewards = trl_adv.double().cpu().view(-1, G), gen.rewards
@@ -587,6 +666,23 @@ class DPPOTrainer(GRPOTrainer):
                                  "completion_keep": sel.keep.tolist(), "completion_pi": sel.pi.tolist(),
                                  "normaliser": z})
         return output
+
+    def _kept_sampling_ratio_metrics(self, output: dict, keep: torch.Tensor) -> None:
+        """TRL's logged sampling/importance_sampling_ratio/{min,mean,max} of this generation batch recomputed over the
+        kept rows (keep [n] bool): TRL's count every pruned row at exactly 1 (its old-policy log-probs were never
+        computed). Reduced across processes as TRL does (min of minima, mean of means, max of maxima)."""
+        ratio = output["importance_sampling_ratio"]  # [n, T] per token, [n, 1] per sequence
+        tools = output.get("tool_mask")
+        mask = output["completion_mask"] if tools is None else output["completion_mask"] * tools
+        if self.vllm_importance_sampling_mode in ("sequence_mask", "sequence_truncate"):
+            kept = ratio[keep].flatten()
+        else:
+            kept = ratio[mask.bool() & keep[:, None]]
+        local = torch.stack([kept.min(), kept.mean(), kept.max()]) if kept.numel() else \
+            torch.full((3,), float("nan"), device=ratio.device)
+        stats = self.accelerator.gather(local.float()).view(-1, 3)
+        for j, (name, reduce) in enumerate((("min", nanmin), ("mean", torch.nanmean), ("max", nanmax))):
+            self._metrics["train"][f"sampling/importance_sampling_ratio/{name}"][-1] = reduce(stats[:, j]).item()
 
     # ---- the update: TRL's loss with each kept row's per-token loss weighted
     def _compute_loss(self, model, inputs):
@@ -631,7 +727,7 @@ class DPPOTrainer(GRPOTrainer):
 
     @contextlib.contextmanager
     def _aggregated_as(self, loss_type: str):
-        """grpo, bnpo, dr_grpo and dapo share TRL's per-token loss and differ only in how it is aggregated; the
+        """grpo, bnpo, dr_grpo, luspo and dapo share TRL's per-token loss and differ only in how it is aggregated; the
         weighted rows are aggregated by the dapo branch (a sum over a given divisor)."""
         own, self.loss_type = self.loss_type, loss_type
         try:

@@ -42,7 +42,8 @@ TOLERANCE = {"as_shipped": 2e-6, "float64": 1e-9}
 CASES = [("grpo", 0.0, "bernoulli", 0.0), ("grpo", 0.1, "fixed_count", 0.0), ("grpo", 0.1, "bernoulli", 0.7),
          ("dr_grpo", 0.0, "fixed_count", 0.7), ("dr_grpo", 0.1, "bernoulli", 0.0),
          ("bnpo", 0.0, "fixed_count", 0.0), ("bnpo", 0.1, "bernoulli", 0.0),
-         ("dapo", 0.0, "bernoulli", 0.7), ("dapo", 0.1, "fixed_count", 0.7), ("dapo", 0.1, "bernoulli", 0.0)]
+         ("dapo", 0.0, "bernoulli", 0.7), ("dapo", 0.1, "fixed_count", 0.7), ("dapo", 0.1, "bernoulli", 0.0),
+         ("luspo", 0.1, "fixed_count", 0.7), ("luspo", 0.0, "bernoulli", 0.0)]
 AS_SHIPPED = [CASES[i] for i in (2, 3, 6, 8)]  # each loss type once, prompt pruning where it is allowed
 
 
@@ -142,6 +143,8 @@ def test_expected_gradient_is_trls_full_batch_gradient(embedded64, tmp_path, los
     ("dapo", dict(mask_truncated_completions=True), False),  # ... and the token count
     ("grpo", dict(vllm_is=True), False),  # TRL's vLLM IS ratio (default: sequence level, masked above 3)
     ("dapo", dict(vllm_is=True, vllm_importance_sampling_mode="token_truncate"), False),  # per token, clipped at 3
+    ("luspo", dict(importance_sampling_level="sequence"), False),  # LUSPO as recommended: GSPO's sequence ratio
+    ("luspo", dict(importance_sampling_level="sequence", num_iterations=2), True),  # ... moved off 1
 ])
 def test_expected_gradient_in_other_step_shapes(embedded64, tmp_path, monkeypatch, loss_type, step, perturb):
     """The same identity (E[g] = GRPOTrainer's full-batch gradient, 1e-9 in float64) where TRL's step differs from one
@@ -151,7 +154,7 @@ def test_expected_gradient_in_other_step_shapes(embedded64, tmp_path, monkeypatc
     that end without EOS leave the loss), and TRL's vLLM importance-sampling correction (the rig's sampling log-probs
     against the old policy's, token and sequence level)."""
     float64_numerics(monkeypatch)
-    prompt_rate = 0.7 if loss_type == "dapo" else 0.0
+    prompt_rate = 0.7 if loss_type in ("dapo", "luspo") else 0.0
     draws, target, dppo = enumerate_trl_step(*embedded64, tmp_path, loss_type, 0.1, "bernoulli", prompt_rate,
                                              perturb=perturb, **step)
     assert relative_error(draws, target) <= TOLERANCE["float64"]
@@ -380,6 +383,16 @@ def test_two_processes_compose_the_same_masks(tmp_path):
     for e, rows0, rows1 in zip(r0["log"], r0["rows"], r1["rows"]):  # each rank: its own half of the groups
         rolled = [k for k, kept in zip(e["covered"], e["prompt_keep"]) if kept]
         assert rows0 + rows1 == [k for k in rolled for _ in range(4)] and rows0 != rows1
+
+
+def test_two_processes_make_the_same_model_calls(tmp_path):
+    """Under ZeRO-3 / FSDP every forward gathers parameters from every process, so a packed no-grad pass must make
+    the same calls on each: rank 0's 9 long rows pack into 9 rows (3 calls of TRL's 3-row budget), rank 1's short ones
+    into 3 (1 call); rank 1 makes 2 one-token calls more, and both ranks' log-probs equal the padded pass's (1e-12)."""
+    two_processes(tmp_path, "forwards")
+    r0, r1 = (json.loads((tmp_path / f"forwards{r}.json").read_text()) for r in (0, 1))
+    assert r0["calls"] == r1["calls"] == 3
+    assert r0["error"] <= 1e-12 and r1["error"] <= 1e-12, (r0, r1)
 
 
 @pytest.mark.parametrize("kw,field", [

@@ -122,6 +122,42 @@ def test_proportional_with_normalize_then_sum_is_exact(embedded64, tmp_path, mon
     assert float((expected - target).abs().max()) / float(target.abs().max()) <= 1e-9
 
 
+@pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])
+def test_sampling_ratio_metrics_count_the_kept_rows(embedded64, tmp_path, mode):
+    """TRL's sampling/importance_sampling_ratio/{min,mean,max} are logged over the completions the stage kept (TRL's
+    own count every pruned row at exactly 1): recomputed from the batch's ratios, they differ from the all-row
+    figures TRL would log."""
+    model, tok = embedded64
+    trainer = two_prompt_trainer(DPPOTrainer, DPPOConfig, model, tok, tmp_path, logprobs=True,
+                                 completion_prune_rate=0.5, prune_sampling="fixed_count",
+                                 vllm_importance_sampling_mode=mode)
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # no vLLM engine is built
+    output = first_batch(trainer)
+    keep = torch.tensor(trainer.pruning_log[-1]["completion_keep"]).reshape(-1)
+    ratio, mask = output["importance_sampling_ratio"], output["completion_mask"].bool()
+    every = ratio.flatten() if mode.startswith("sequence") else ratio[mask]
+    kept = ratio[keep].flatten() if mode.startswith("sequence") else ratio[mask & keep[:, None]]
+    assert 0 < int(keep.sum()) < keep.numel()
+    logged = [trainer._metrics["train"][f"sampling/importance_sampling_ratio/{k}"][-1] for k in ("min", "mean", "max")]
+    assert logged == pytest.approx([float(kept.min()), float(kept.mean()), float(kept.max())], rel=1e-6)
+    assert [float(every.min()), float(every.mean()), float(every.max())] != pytest.approx(logged, rel=1e-6)
+
+
+def test_reward_functions_see_the_users_columns_only(embedded64, tmp_path):
+    """The sampler's keys (dppo_index, dppo_batch) leave each row before TRL generates: reward functions, like an
+    environment's reset(**row), receive the dataset's columns as GRPOTrainer gives them."""
+    seen = []
+
+    def recording_reward(completions, **kwargs):
+        seen.append(sorted(kwargs))
+        return [float(i % 2) for i in range(len(completions))]
+    model, tok = embedded64
+    trainer = two_prompt_trainer(DPPOTrainer, DPPOConfig, model, tok, tmp_path, completion_prune_rate=0.5,
+                                 reward_funcs=recording_reward)
+    first_batch(trainer)
+    assert seen and not any(k.startswith("dppo") for k in seen[0]) and "completion_ids" in seen[0]
+
+
 def test_prompt_pruning_with_batch_statistics_warns(tmp_path):
     """scale_rewards 'batch' and normalize_then_sum normalise by statistics of the rolled-out prompts, which the
     prompt stage changes: DPPOConfig says so (as dppo's own trainer does); the exact configurations do not warn."""
@@ -196,6 +232,48 @@ def test_max_steps_when_no_pass_can_fill_a_batch_trains_max_steps(tmp_path):
     assert trainer.state.global_step == 3
     assert [(e["pass"], len(e["covered"]), sum(e["prompt_keep"]), set(e["prompt_pi"])) for e in trainer.pruning_log] \
         == [(p, 4, 4, {1.0}) for p in range(3)]
+
+
+def alternating_reward(completions, **kwargs):  # 0, 1, 0, 1 in every group: never zero variance
+    return [float(i % 2) for i in range(len(completions))]
+
+
+def test_a_shortened_pass_ends_on_an_optimizer_step(tmp_path):
+    """gradient_accumulation_steps 2, steps_per_generation 1, 12 prompts, 4 a batch, every visited prompt a candidate
+    (abs_adv, threshold 100): the first pass is TRL's 3 micro-batches (transformers steps after 2 and at its planned
+    epoch end), the next two are shortened by the prompt stage to one batch (7 prompts covered for 4 kept), a window
+    left half full. A zero-weight padding micro-batch completes it: every epoch ends with no gradient waiting (the
+    old code carried a pass's gradient into the next pass's step, and dropped the last), the run makes 2 + 1 + 1
+    optimizer steps, each window's loss is normalised by its own micro-batches (2, 2 | 1 | 1 | 1, as TRL normalises
+    its last partial window), and the padding generates nothing, logs nothing and trains no row."""
+    from transformers import TrainerCallback
+
+    class Ledger(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+            steps.append(any(q.grad is not None and bool(q.grad.any()) for q in model.parameters()))
+
+        def on_epoch_end(self, args, state, control, model=None, **kw):
+            waiting.append(any(q.grad is not None and bool(q.grad.any()) for q in model.parameters()))
+    steps, waiting, normalisers = [], [], []
+    model, tok = load_policy("embedded")
+    trainer = DPPOTrainer(model=model, reward_funcs=alternating_reward, train_dataset=prompts_data(12),
+                          processing_class=tok,
+                          args=run_args(tmp_path, num_train_epochs=3, gradient_accumulation_steps=2, logging_steps=1,
+                                        prompt_candidate_rule="abs_adv", abs_adv_threshold=100.0),
+                          callbacks=[Ledger()])
+    compute_loss = trainer._compute_loss
+
+    def record(model, inputs):
+        normalisers.append((trainer.current_gradient_accumulation_steps, bool(inputs["dppo_weight"].any())))
+        return compute_loss(model, inputs)
+    trainer._compute_loss = record
+    trainer.train()
+    assert [(e["pass"], len(e["covered"])) for e in trainer.pruning_log] == [(0, 4), (0, 4), (0, 4), (1, 7), (2, 7)]
+    assert waiting == [False, False, False] and trainer.state.global_step == 4 and all(steps) and len(steps) == 4
+    assert normalisers == [(2, True), (2, True), (1, True), (1, True), (1, False), (1, True), (1, False)]
+    assert trainer._step == 5 and trainer.scored_rows["update"] == sum(sum(map(sum, e["completion_keep"]))
+                                                                       for e in trainer.pruning_log)
+    assert len(trainer.state.log_history) - 1 == 4  # one log a step (and the run's summary), padding adds none
 
 
 def test_checkpoint_holds_the_pruning_state_when_pushed(tmp_path):

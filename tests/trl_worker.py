@@ -4,7 +4,10 @@
                                   the dataset indices of its own rows and its steps to OUT/rank<r>.json
     trl_worker.py OUT gradients   for each CASE, one generation batch of the rig (tests/trl_rig.py) through
                                   DPPOTrainer, each rank scoring its half of the rows; rank 0 writes the gradient
-                                  averaged over the ranks (what DDP applies) to OUT/gradients.pt"""
+                                  averaged over the ranks (what DDP applies) to OUT/gradients.pt
+    trl_worker.py OUT forwards    a packed no-grad pass over rows of unequal lengths on the two ranks (long on rank 0,
+                                  short on rank 1); each rank writes its model calls and the largest difference from
+                                  the padded pass to OUT/forwards<r>.json"""
 
 import copy
 import json
@@ -99,5 +102,35 @@ def gradients(out: str) -> None:
         torch.save(result, f"{out}/gradients.pt")
 
 
+def forwards(out: str) -> None:
+    import trl.trainer.utils
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from tests.trl_rig import Float64LogProbs, rms_norm_float64
+
+    trl.trainer.utils._ChunkedLogProbFunction = Float64LogProbs
+    Qwen3RMSNorm.forward = rms_norm_float64
+    trainer = rig_trainer("grpo", 0.0, 2, tempfile.mkdtemp())
+    rank = trainer.accelerator.process_index
+    trainer.args.pack_capacity = 64
+    # 9 rows of 4 prompt + K completion columns: rank 0's completions 56 tokens (a row each: 3 calls of 3 rows),
+    # rank 1's 16 (3 a row: one call)
+    K, used = 60, (56 if rank == 0 else 16)
+    gen = torch.Generator().manual_seed(rank)
+    ids = torch.randint(5, 200, (9, 4 + K), generator=gen)
+    mask = torch.zeros_like(ids)
+    mask[:, :4 + used] = 1
+    calls = []
+    hook = trainer.model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(1), with_kwargs=True)
+    with torch.no_grad():
+        packed = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, K, batch_size=3)[0]
+        hook.remove()
+        trainer.args.pack_sequences = False
+        padded = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, K, batch_size=3)[0]
+    error = float((packed - padded)[mask[:, 4:].bool()].abs().max())
+    with open(f"{out}/forwards{rank}.json", "w") as f:
+        json.dump({"calls": len(calls), "error": error}, f)
+
+
 if __name__ == "__main__":
-    {"run": sampled_run, "gradients": gradients}[sys.argv[2]](sys.argv[1])
+    {"run": sampled_run, "gradients": gradients, "forwards": forwards}[sys.argv[2]](sys.argv[1])
