@@ -9,6 +9,10 @@
 #                                           ~80 min on 2 cores; not in the default run for its length)
 #   ./reproduce.sh --study packing -f my.yaml   papermill parameter file for the study (its results_dir, if any:
 #                                           the runs, tables and figures there, never the committed figures/)
+#   ./reproduce.sh --profile real           the paper's tables (T1 with all five methods and F2, T2, T4, T5) on the
+#                                           real model of R1 (SmolLM2-135M-Instruct; dppo.studies.real_params;
+#                                           results under experiments/results/real, tables in figures/real); with
+#                                           --dry-run: its runs and estimated minutes on 2 CPU cores
 #   ./reproduce.sh --profile paper          paper-scale parameter files experiments/paper/<study>.yaml (GPUs):
 #                                           each training run its own `accelerate launch` over all local GPUs
 #   ./reproduce.sh --profile paper --dry-run   print every command and the estimated GPU-hours per study
@@ -38,7 +42,9 @@ while [ $# -gt 0 ]; do
     *) fail "unknown option '$1' (see --help)" ;;
   esac
 done
-[ "$profile" = cpu ] || [ "$profile" = paper ] || fail "--profile must be cpu or paper, got '$profile'"
+[ "$profile" = cpu ] || [ "$profile" = paper ] || [ "$profile" = real ] || fail "--profile must be cpu, paper or \
+real, got '$profile'"
+[ "$profile" != real ] || mapfile -t STUDIES < <(python3 dppo/studies.py --real)
 [ "$toy" = 0 ] || { [ "$profile" = paper ] && [ "$dry_run" = 0 ]; } || fail "--toy goes with --profile paper, \
 without --dry-run"
 if [ ${#study[@]} -gt 0 ]; then
@@ -87,7 +93,10 @@ run_notebook() {  # name, then papermill's extra arguments
 study_args() {  # the papermill parameter file of a study under this profile (none: the notebook's defaults)
   if [ -n "$params" ] && [ "$1" != paper_figures ]; then echo "$params"
   elif [ "$toy" = 1 ]; then "$VENV/bin/python" -m dppo.toy params "$1" > "$out/params/$1.yaml"; echo "$out/params/$1.yaml"
-  elif [ "$profile" = paper ] && [ -f "experiments/paper/$1.yaml" ]; then echo "experiments/paper/$1.yaml"; fi
+  elif [ "$profile" = paper ] && [ -f "experiments/paper/$1.yaml" ]; then echo "experiments/paper/$1.yaml"
+  elif [ "$profile" = real ]; then mkdir -p "$out/params"
+    "$VENV/bin/python" -m dppo.studies --params real "$1" > "$out/params/real_$1.yaml"; echo "$out/params/real_$1.yaml"
+  fi
 }
 for nb in "${STUDIES[@]/paper_figures/}" paper_figures; do  # the studies, then paper_figures once
   [ -n "$nb" ] || continue

@@ -1,6 +1,7 @@
 """Dry run of the reproduction: every command it would run, an estimated GPU-hour budget and the disk kept per study.
 
     python -m dppo.budget --profile paper [--study NAME] [--gpus 8]     (./reproduce.sh --profile paper --dry-run)
+    python -m dppo.budget --profile real [--study NAME]   the real profile's runs and minutes on 2 CPU cores
 
 The estimate is FLOPs over a stated throughput, per training run (docs/method.md §4.2):
 
@@ -129,9 +130,9 @@ def run_disk_bytes(cfg: TrainConfig) -> tuple[float, float]:
 
 def study_params(study: str, profile: str) -> dict:
     """The study notebook's papermill parameters under `profile` (the cpu profile: the notebook defaults)."""
-    from dppo.studies import paper_params
+    from dppo.studies import profile_params
 
-    return paper_params(study) if profile == "paper" else {}
+    return profile_params(study, profile)
 
 
 def study_runs(study: str, profile: str) -> dict[Path, tuple[str, TrainConfig]]:
@@ -161,7 +162,8 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
     commands, rows = [], []
     for study in studies:
         params = study_params(study, profile)
-        args = f" -f experiments/paper/{study}.yaml" if params else ""
+        args = f" -f experiments/paper/{study}.yaml" if params and profile == "paper" else \
+            f" -f <python -m dppo.studies --params real {study}>" if params else ""
         commands.append(f"papermill notebooks/{study}.ipynb experiments/results/notebooks/{study}.ipynb --cwd .{args}")
         runs = study_runs(study, profile)
         hours, disk, peak = 0.0, 0.0, 0.0
@@ -181,13 +183,23 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dppo.budget", description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", choices=("cpu", "paper"), default="paper")
+    parser.add_argument("--profile", choices=("cpu", "paper", "real"), default="paper")
     parser.add_argument("--study", choices=STUDIES, action="append", help="one study (repeatable; default all)")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs of the machine (wall-clock column)")
     args = parser.parse_args(argv)
-    commands, rows = plan(args.study or list(DEFAULT_STUDIES), args.profile, args.gpus)
+    from dppo.studies import REAL_RUN_MINUTES, REAL_STUDIES
+
+    default = list(REAL_STUDIES) if args.profile == "real" else list(DEFAULT_STUDIES)
+    commands, rows = plan(args.study or default, args.profile, args.gpus)
     print("# commands")
     print("\n".join(commands))
+    if args.profile == "real":
+        print(f"\n# time on 2 CPU cores (estimated: {REAL_RUN_MINUTES:.1f} min a run, R1's measured mean; "
+              f"dppo.studies.REAL_RUN_MINUTES)")
+        print("\n".join(f"{r['study']:18s} {r['runs']:3d} runs ~{r['runs'] * REAL_RUN_MINUTES:.0f} min" for r in rows))
+        total = sum(r["runs"] for r in rows)
+        print(f"{'total':18s} {total:3d} runs ~{total * REAL_RUN_MINUTES:.0f} min (+ paper_figures, under a minute)")
+        return 0
     if args.profile == "cpu":
         print("\n# time on 2 CPU cores (measured: dppo.studies.Study.cpu_minutes)")
         print("\n".join(f"{r['study']:18s} ~{r['cpu_minutes']:g} min" for r in rows))

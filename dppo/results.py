@@ -28,7 +28,7 @@ from dppo.studies import FIGURES, RESULTS, ROOT, runs_for
 
 if TYPE_CHECKING:
     from dppo.config import TrainConfig
-PROFILES = ("cpu", "paper")
+PROFILES = ("cpu", "paper", "real")  # real: the paper's tables on R1's real model (dppo.studies.real_params)
 CODE_FILE = "code.sha256"  # in each run folder: the hash of the dppo source that trained it
 # Other work beyond the cores a run left free that makes a step (or a run, on average) contended: a quiet machine reads
 # a few hundredths of a core, one competing CPU-bound process about 1 (docs/method.md §5.1; dppo.tables reads it)
@@ -45,10 +45,10 @@ def _profile(profile: str) -> str:
 
 
 def results_root(smoke: bool = False, profile: str = "cpu") -> Path:
-    """Root of the run folders: experiments/results (the paper profile: experiments/results/paper), or a scratch
-    folder for smoke (test) runs, or the toy root (`dppo.toy`)."""
+    """Root of the run folders: experiments/results (the paper and real profiles: experiments/results/<profile>), or
+    a scratch folder for smoke (test) runs, or the toy root (`dppo.toy`)."""
     root = RESULTS / "smoke" if smoke else toy.root() if toy.active() else RESULTS
-    return root / "paper" if _profile(profile) == "paper" else root
+    return root if _profile(profile) == "cpu" else root / profile
 
 
 def study_root(results_dir: str | Path = "", smoke: bool = False, profile: str = "cpu") -> Path:
@@ -59,11 +59,12 @@ def study_root(results_dir: str | Path = "", smoke: bool = False, profile: str =
 def figures_dir(smoke: bool = False, profile: str = "cpu", results_dir: str | Path = "") -> Path:
     """Where a study's tables and figures go: with a `results_dir`, `<study_root(results_dir)>/figures` (beside the
     runs they come from; the committed figures/ stay as they are); else figures/ (the paper profile: figures/paper,
-    so the CPU figures stay), or a scratch folder for smoke (test) runs, or the toy root's figures/."""
+    so the CPU figures stay; the real profile: figures/real), or a scratch folder for smoke (test) runs, or the toy
+    root's figures/."""
     if str(results_dir):
         return study_root(results_dir, smoke, profile) / "figures"
     out = RESULTS / "smoke" / "figures" if smoke else toy.root() / "figures" if toy.active() else FIGURES
-    return out / "paper" if _profile(profile) == "paper" else out
+    return out if _profile(profile) == "cpu" else out / profile
 
 
 def run(config: str | Path, output_dir: str | Path, smoke: bool = False, launch: dict | None = None,

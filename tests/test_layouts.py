@@ -2,7 +2,7 @@
 method's and not the layout's; rows that vary the layout on purpose are named in their table's `layout_rows` and
 share one layout among themselves. Checked on the configs each profile's notebooks train: the CPU profile (the
 notebooks' defaults, R1's real model among them), the paper profile (experiments/paper/<study>.yaml) and its toy
-(toy.yaml's parameters and fields over the paper's)."""
+(toy.yaml's parameters and fields over the paper's), and the real profile (`dppo.studies.real_params`)."""
 
 import dataclasses
 
@@ -14,6 +14,7 @@ from dppo.config import TrainConfig
 PROFILES = {
     "cpu": (lambda study: {}, lambda cfg: cfg),
     "paper": (studies.paper_params, lambda cfg: cfg),
+    "real": (studies.real_params, lambda cfg: cfg),
     "toy": (toy.study_params, lambda cfg: dataclasses.replace(cfg, **toy.spec()["fields"])),
 }
 TABLE_STUDIES = [s.name for s in studies.STUDIES if s.tables]
@@ -50,6 +51,8 @@ def mixed_layouts(key: str, rows: dict[str, TrainConfig]) -> list[str]:
 def test_every_method_of_a_table_trains_on_one_layout(study, profile):
     if profile != "cpu" and study == "real_model":
         pytest.skip("R1 runs only on the CPU profile (the paper profile's T1 is its comparison)")
+    if profile == "real" and study not in studies.REAL_STUDIES:
+        pytest.skip(f"the real profile does not run {study}")
     tables = row_configs(study, profile)
     assert tables, study
     problems = [p for key, rows in tables.items() for p in mixed_layouts(key, rows)]

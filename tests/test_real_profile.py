@@ -1,0 +1,67 @@
+"""The real profile (`./reproduce.sh --profile real`): the paper's tables on R1's real model. Every run of its studies
+trains SmolLM2-135M-Instruct on the arithmetic task with R1's sampling and setup (one override set, read from R1's
+YAML files, `dppo.studies.real_overrides`), T1 with all five methods; its dry run lists the runs and their estimated
+minutes; its captions are made from the fields the runs train with."""
+
+import dataclasses
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dppo import budget, studies
+from dppo.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def real_runs(study: str) -> dict[str, TrainConfig]:
+    return {str(out): cfg for out, (_, cfg) in budget.study_runs(study, "real").items()}
+
+
+def test_every_real_profile_run_trains_r1s_model_and_task():
+    for study in studies.REAL_STUDIES:
+        runs = real_runs(study)
+        assert runs, study
+        for out, cfg in runs.items():
+            assert out.startswith("experiments/results/real/"), out
+            assert (cfg.model_name_or_path, cfg.dataset, cfg.chat_template) == ("smollm2-135m", "arithmetic", True)
+            assert (cfg.train_size, cfg.epochs, cfg.prompts_per_step, cfg.temperature) == (64, 2, 8, 0.7), out
+    t1 = studies.study_layouts("main_results", **studies.layout_params(studies.real_params("main_results")))["T1"]
+    assert list(t1) == ["GRPO", "GRESO", "CPPO", "DPPO", "DPPO, proportional"]
+
+
+def test_the_real_profiles_grpo_and_dppo_are_r1s():
+    """T1's GRPO and DPPO under the real profile train R1's configs field for field (but their folders, and GRPO's
+    unread refill window): the override set misses none of the fields R1's YAML files set. Without one of them (lr),
+    they would not."""
+    t1 = studies.study_layouts("main_results", **studies.layout_params(studies.real_params("main_results")))["T1"]
+    r1 = studies.study_layouts("real_model", shared_rows=False)["R1"]
+
+    def config(layout, label, **extra):  # a row that does not refill never reads refill_window
+        cfg, over, _ = layout[label]
+        cfg = TrainConfig.load(ROOT / cfg, {**over, **extra})
+        return dataclasses.replace(cfg, output_dir="", refill_window=cfg.refill_window if cfg.refill != "none" else 0)
+    for label in ("GRPO", "DPPO"):
+        assert config(t1, label) == config(r1, label), label
+    lr = studies.real_overrides()["lr"]
+    assert config(t1, "GRPO", lr=1e-4) != config(r1, "GRPO") and lr == 3e-5
+
+
+def test_real_captions_are_made_from_the_runs_fields(monkeypatch):
+    text = studies.caption("T1", "real")
+    assert "smollm2-135m" in text and "64 training problems x 2 epochs" in text and "16 steps of 8 prompts" in text
+    monkeypatch.setitem(studies.REAL_SETUP, "train_size", 128)
+    assert "128 training problems x 2 epochs (GRPO: 32 steps" in studies.caption("T1", "real")
+
+
+def test_dry_run_lists_the_real_runs_and_their_minutes():
+    done = subprocess.run(["bash", "reproduce.sh", "--profile", "real", "--dry-run"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for study in studies.REAL_STUDIES:
+        n = len(real_runs(study))
+        assert f"papermill notebooks/{study}.ipynb" in done.stdout
+        line = next(ln for ln in done.stdout.splitlines() if ln.startswith(f"{study} "))
+        assert f"{n:3d} runs ~{n * studies.REAL_RUN_MINUTES:.0f} min" in line, line
+    assert "scale" not in [ln.split()[0] for ln in done.stdout.splitlines() if ln.endswith(" min")]
