@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     print("# commands")
     print("\n".join(commands))
     if args.profile == "real":
-        print(f"\n# time on 2 CPU cores (estimated: {REAL_RUN_MINUTES:.1f} min a run, R1's measured mean; "
+        print(f"\n# time on 2 CPU cores (estimated: {REAL_RUN_MINUTES:.1f} min a run, the real T1's measured mean; "
               f"dppo.studies.REAL_RUN_MINUTES)")
         print("\n".join(f"{r['study']:18s} {r['runs']:3d} runs ~{r['runs'] * REAL_RUN_MINUTES:.0f} min" for r in rows))
         total = sum(r["runs"] for r in rows)

@@ -327,8 +327,8 @@ def paper_params(study: str) -> dict:
 # (`real_overrides`) and R1's setup (REAL_SETUP), one seed a study until a study's verdict names the seeds it needs.
 REAL_STUDIES = ("main_results", "algorithms", "ablations")
 REAL_SEEDS = {"main_results": (0, 1, 2)}  # a study's seeds under the real profile (others: seed 0)
-REAL_RUN_MINUTES = 38.5 / 6  # a real-model run on 2 cores, training and evaluations: R1's 6 runs took 38.5 min
-# (2026-12-05; GRPO ~6, DPPO ~3 minutes of training): what ./reproduce.sh --profile real --dry-run estimates with
+REAL_RUN_MINUTES = 26.2 / 5  # a real-model run on 2 cores, training and evaluations: the real T1's 5 runs of seed 1
+# took 26.2 min in turn (2026-12-05; GRPO ~5, DPPO ~3 minutes of training): what --profile real --dry-run estimates with
 # The fields in which R1's configs differ from the CPU profile's and that are not the study setup: what makes a run
 # R1's model and task. Read from the YAML files (the one place they are written), so R1 and the real profile agree.
 _REAL_PAIRS = (("experiments/cpu/grpo.yaml", "experiments/cpu/real_grpo.yaml"),
@@ -354,13 +354,14 @@ def real_overrides() -> dict:
 def real_params(study: str) -> dict:
     """The papermill parameters of a study under the real profile ({} for a study it does not run): R1's model and
     task over every row (`real_overrides`), R1's setup (evaluated during training in T1 only, for F2 and the time to
-    GRPO's accuracy), no shared-prompt rows (R1 has them), no longer DPPO run (the time to GRPO's accuracy stands for
-    it)."""
+    GRPO's accuracy; no checkpoint kept after final/: 36 runs would keep 58 GB), no shared-prompt rows (R1 has them),
+    no longer DPPO run (the time to GRPO's accuracy stands for it)."""
     if study == "paper_figures":
         return {"profile": "real"}
     if study not in REAL_STUDIES:
         return {}
     setup = REAL_SETUP if study == "main_results" else {**REAL_SETUP, "eval_every": 1000}  # curves: F2's only
+    setup = {**setup, "keep_checkpoints_after_final": False}  # 1.6 GB a run once final/ (0.5 GB) is written
     return {"overrides": {**real_overrides(), **setup}, "profile": "real", "shared_rows": False,
             "long_epochs": 0, "seeds": list(REAL_SEEDS.get(study, (0,)))}
 

@@ -27,21 +27,23 @@ def test_every_real_profile_run_trains_r1s_model_and_task():
             assert out.startswith("experiments/results/real/"), out
             assert (cfg.model_name_or_path, cfg.dataset, cfg.chat_template) == ("smollm2-135m", "arithmetic", True)
             assert (cfg.train_size, cfg.epochs, cfg.prompts_per_step, cfg.temperature) == (64, 2, 8, 0.7), out
+            assert not cfg.keep_checkpoints_after_final, out  # 1.6 GB a run: 36 runs filled a disk
     t1 = studies.study_layouts("main_results", **studies.layout_params(studies.real_params("main_results")))["T1"]
     assert list(t1) == ["GRPO", "GRESO", "CPPO", "DPPO", "DPPO, proportional"]
 
 
 def test_the_real_profiles_grpo_and_dppo_are_r1s():
-    """T1's GRPO and DPPO under the real profile train R1's configs field for field (but their folders, and GRPO's
-    unread refill window): the override set misses none of the fields R1's YAML files set. Without one of them (lr),
-    they would not."""
+    """T1's GRPO and DPPO under the real profile train R1's configs field for field (but their folders, what they keep
+    on disk, and GRPO's unread refill window): the override set misses none of the fields R1's YAML files set.
+    Without one of them (lr), they would not."""
     t1 = studies.study_layouts("main_results", **studies.layout_params(studies.real_params("main_results")))["T1"]
     r1 = studies.study_layouts("real_model", shared_rows=False)["R1"]
 
-    def config(layout, label, **extra):  # a row that does not refill never reads refill_window
-        cfg, over, _ = layout[label]
+    def config(layout, label, **extra):  # a row that does not refill never reads refill_window; what a run keeps on
+        cfg, over, _ = layout[label]  # disk after final/ is not how it trains
         cfg = TrainConfig.load(ROOT / cfg, {**over, **extra})
-        return dataclasses.replace(cfg, output_dir="", refill_window=cfg.refill_window if cfg.refill != "none" else 0)
+        return dataclasses.replace(cfg, output_dir="", refill_window=cfg.refill_window if cfg.refill != "none" else 0,
+                                   keep_checkpoints_after_final=True)
     for label in ("GRPO", "DPPO"):
         assert config(t1, label) == config(r1, label), label
     lr = studies.real_overrides()["lr"]
