@@ -110,8 +110,10 @@ def prepare(config: str | Path, output_dir: str | Path, smoke: bool = False, **o
     out = Path(output_dir)
     before = _saved_config(out)
     code = (out / CODE_FILE).read_text().strip() if (out / CODE_FILE).is_file() else None
-    same = before is not None and dataclasses.replace(before, resume=cfg.resume) == cfg and code == code_hash()
+    same = before is not None and _same_run(before, cfg, out) and code == code_hash()
     if (out / "final").is_dir() and same:
+        if not cfg.keep_checkpoints_after_final:  # as the trainer does once final/ is written
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)
         return None
     if not same:  # another config or other code: start over, and no stale final/ may stand for the new run
         cfg = dataclasses.replace(cfg, resume=False)
@@ -121,14 +123,30 @@ def prepare(config: str | Path, output_dir: str | Path, smoke: bool = False, **o
     return cfg
 
 
+# Config fields that say what a run folder keeps, not what is trained: a finished run serves a config that differs
+# in these only, if it kept the checkpoints that config keeps after final/ (the case study reads them).
+STORAGE_FIELDS = ("resume", "keep_checkpoints", "keep_checkpoints_after_final")
+# Modules that lay out, read or report runs and never train one (the studies' configs are compared field by field):
+# editing them leaves every trained run valid. Every other module (a new one too) is part of `code_hash`.
+REPORTING_MODULES = ("budget.py", "case_study.py", "figures.py", "readme.py", "results.py", "studies.py", "tables.py",
+                     "variance.py")
+
+
+def _same_run(before: TrainConfig, cfg: TrainConfig, out: Path) -> bool:
+    """Whether the run saved in `out` with config `before` is the run `cfg` asks for (see STORAGE_FIELDS)."""
+    kept = any((out / "checkpoints").glob("step_*"))
+    return (dataclasses.replace(before, **{f: getattr(cfg, f) for f in STORAGE_FIELDS}) == cfg
+            and (kept or not cfg.keep_checkpoints_after_final))
+
+
 @functools.lru_cache(maxsize=1)
-def code_hash() -> str:
-    """sha256 of the dppo package's source (every .py file, by relative path and content): a run folder records the
-    code that trained it, so tables are never made from runs of older code."""
-    pkg = Path(__file__).resolve().parent
+def code_hash(pkg: Path = Path(__file__).resolve().parent) -> str:
+    """sha256 of the dppo source that trains (every .py file of `pkg` but REPORTING_MODULES, by relative path and
+    content): a run folder records the code that trained it, so tables are never made from runs of older code."""
     digest = hashlib.sha256()
     for path in sorted(pkg.rglob("*.py")):
-        digest.update(str(path.relative_to(pkg)).encode() + b"\0" + path.read_bytes())
+        if path.relative_to(pkg).as_posix() not in REPORTING_MODULES:
+            digest.update(str(path.relative_to(pkg)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 

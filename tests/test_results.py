@@ -36,6 +36,40 @@ def test_a_finished_run_is_reused_only_with_the_same_config_and_code(tmp_path, m
     assert (out / results.CODE_FILE).read_text().strip() == "0" * 64
 
 
+
+def test_what_a_folder_keeps_does_not_retrain_it(tmp_path, monkeypatch, embedded):
+    """A finished run serves a config that differs only in what the folder keeps (STORAGE_FIELDS), and then drops
+    the checkpoints that config does not keep; one that needs checkpoints after final/ is trained again where they
+    are gone (the case study reads them)."""
+    out, fits = tmp_path / "run", []
+    fit = Trainer.fit
+    monkeypatch.setattr(Trainer, "fit", lambda self: (fits.append(1), fit(self))[1])
+    results.run("experiments/cpu/grpo.yaml", out, smoke=True, keep_checkpoints_after_final=True)
+    assert len(fits) == 1 and any((out / "checkpoints").glob("step_*"))
+    results.run("experiments/cpu/grpo.yaml", out, smoke=True, keep_checkpoints_after_final=False, keep_checkpoints=1)
+    assert len(fits) == 1 and not (out / "checkpoints").exists()  # reused, and as the trainer would leave it
+    results.run("experiments/cpu/grpo.yaml", out, smoke=True, keep_checkpoints_after_final=True)
+    assert len(fits) == 2 and any((out / "checkpoints").glob("step_*"))  # its checkpoints were gone: trained again
+
+
+def test_the_code_hash_covers_the_code_that_trains(tmp_path):
+    """Editing a module that only lays out or reports runs (REPORTING_MODULES) leaves trained runs valid; editing any
+    other module, or adding one, does not."""
+    import shutil
+
+    pkg = tmp_path / "dppo"
+    shutil.copytree(ROOT / "dppo", pkg, ignore=shutil.ignore_patterns("__pycache__", "*.safetensors", "*.json"))
+    base = results.code_hash.__wrapped__(pkg)
+    assert base == results.code_hash()
+    for name, same in (("studies.py", True), ("tables.py", True), ("losses.py", False), ("trainer.py", False),
+                       ("new_module.py", False)):
+        path = pkg / name
+        before = path.read_text() if path.is_file() else None
+        path.write_text((before or "") + "\n# edited\n")
+        assert (results.code_hash.__wrapped__(pkg) == base) == same, name
+        path.write_text(before) if before is not None else path.unlink()
+
+
 def _rate(label: str, name: str) -> float:
     return float(dict(kv.split("=") for kv in label.split(", "))[name])
 
