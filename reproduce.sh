@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# The reproduction: bootstrap .venv, run every study notebook at CPU scale on the embedded default (papermill),
-# then paper_figures (every table and figure of docs/method.md §6 into figures/, and the README's results table from
-# them). Executed notebooks are kept under experiments/results/notebooks/.
+# The reproduction: bootstrap .venv, run study notebooks (papermill), then paper_figures (the profile's tables and
+# figures of docs/method.md §6 into figures/ or figures/<profile>/). Executed notebooks are kept under
+# experiments/results/notebooks/.
 #
-#   ./reproduce.sh                          every study on the embedded default (~35 min), then paper_figures
-#   ./reproduce.sh --study main_results     one study (a notebook name), then paper_figures
-#   ./reproduce.sh --study real_model       the main comparison on a real pretrained LLM (SmolLM2-135M-Instruct,
-#                                           ~80 min on 2 cores; not in the default run for its length)
+#   ./reproduce.sh                          the main table: T1 (GRPO, GRESO, CPPO, DPPO, DPPO-proportional, 3 seeds)
+#                                           and F2 on a real pretrained LLM (SmolLM2-135M-Instruct), ~80 min on 2
+#                                           cores (= --profile real --study main_results; figures/real/)
+#   ./reproduce.sh --profile real           the paper's tables on that model: T1 and F2, T2, T4, T5 (~3.2 h on 2
+#                                           cores; dppo.studies.real_params; runs under experiments/results/real,
+#                                           tables in figures/real); with --dry-run: its runs and estimated minutes
+#   ./reproduce.sh --profile cpu            every study on the embedded default, the quick profile (~35 min: a 1.0 M
+#                                           parameter model; speed rows and smoke), then docs/results.md's table
+#   ./reproduce.sh --study main_results     one study (a notebook name) of --profile cpu (or of the profile given),
+#                                           then paper_figures
+#   ./reproduce.sh --study real_model       table R1, GRPO against DPPO on SmolLM2-135M-Instruct with shared-prompt
+#                                           rows, 3 seeds (~80 min on 2 cores; not in --profile cpu for its length)
 #   ./reproduce.sh --study packing -f my.yaml   papermill parameter file for the study (its results_dir, if any:
 #                                           the runs, tables and figures there, never the committed figures/)
-#   ./reproduce.sh --profile real           the paper's tables (T1 with all five methods and F2, T2, T4, T5) on the
-#                                           real model of R1 (SmolLM2-135M-Instruct; dppo.studies.real_params;
-#                                           results under experiments/results/real, tables in figures/real); with
-#                                           --dry-run: its runs and estimated minutes on 2 CPU cores
 #   ./reproduce.sh --profile paper          paper-scale parameter files experiments/paper/<study>.yaml (GPUs):
 #                                           each training run its own `accelerate launch` over all local GPUs
 #   ./reproduce.sh --profile paper --dry-run   print every command and the estimated GPU-hours per study
@@ -25,7 +29,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 mapfile -t STUDIES < <(python3 dppo/studies.py)  # the study registry (dppo.studies), in order; stdlib only
 mapfile -t ALL_STUDIES < <(python3 dppo/studies.py --all)  # and those run only when named (real_model: ~80 min)
-study=() params="" profile="cpu" dry_run=0 train=() lab=0 toy=0
+study=() params="" profile="" dry_run=0 train=() lab=0 toy=0
 fail() { echo "reproduce.sh: $1" >&2; exit 2; }
 value() { [ $# -ge 2 ] && [ -n "$2" ] && [ "${2#--}" = "$2" ] || fail "$1 needs a value (see --help)"; }
 # flags first: a bad one (or --help) never waits for the environment to be installed
@@ -42,6 +46,10 @@ while [ $# -gt 0 ]; do
     *) fail "unknown option '$1' (see --help)" ;;
   esac
 done
+if [ -z "$profile" ] && [ ${#study[@]} = 0 ] && [ -z "$params" ] && [ ${#train[@]} = 0 ] && [ "$lab" = 0 ]; then  # no options: the main table, on the real model
+  profile=real study=(main_results)
+fi
+profile="${profile:-cpu}"
 [ "$profile" = cpu ] || [ "$profile" = paper ] || [ "$profile" = real ] || fail "--profile must be cpu, paper or \
 real, got '$profile'"
 [ "$profile" != real ] || mapfile -t STUDIES < <(python3 dppo/studies.py --real)
@@ -116,8 +124,8 @@ printf '  %s\n' "${summary[@]}"
 figs="$("$VENV/bin/python" -c 'import os, sys; from dppo import results
 print(os.path.relpath(results.figures_dir(False, *sys.argv[1:])))' "$profile" "$rd")"
 echo "[reproduce] regenerated ($figs/): $(ls "$figs" | tr '\n' ' ')"
-if [ "$figs" = figures ]; then  # the committed figures/: the README's results table from them (one source), and the
-  "$VENV/bin/python" -m dppo.readme  # executed paper_figures (every table and figure inline) beside them
-  cp "$out/notebooks/paper_figures.ipynb" figures/paper_figures.ipynb
+if [ "$figs" = figures ] || [ "$figs" = figures/real ]; then  # the committed figures: the README's results tables
+  "$VENV/bin/python" -m dppo.readme  # from them (one source), and the executed paper_figures (every table and figure
+  cp "$out/notebooks/paper_figures.ipynb" "$figs/paper_figures.ipynb"  # inline) beside them
 fi
 echo "[reproduce] executed notebooks, with every table and figure inline: $out/notebooks/"

@@ -20,7 +20,6 @@ stage: r_o of the rest). Replace the assumptions by your first steps' `throughpu
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ import yaml
 from dppo.config import TrainConfig
 from dppo.cost import training_multiplier
 from dppo.memory_plan import PROMPT_TOKENS, memory_table
-from dppo.studies import BY_NAME
+from dppo.studies import BY_NAME, model_params  # noqa: F401 (model_params: used below, and by the tests)
 
 PEAK_FLOPS = 989e12  # H100 SXM, dense BF16 tensor-core peak (NVIDIA H100 Tensor Core GPU datasheet)
 TRAIN_MFU = 0.25  # assumed: NeMo AutoModel reports 28-44% MFU for BF16 FSDP2 training on DGX-H100 with TE kernels
@@ -41,19 +40,8 @@ DATASET_SIZES = {
     "hf:HuggingFaceH4/aime_2024:train": 30, "hf:math-ai/amc23:test": 40, "hf:math-ai/minervamath:test": 272,
     "hf:math-ai/olympiadbench:test": 675, "hf:openai/gsm8k:test:main": 1319,
 }
-EMBEDDED_PARAMS = {"embedded": 0.8e6, "embedded-large": 1.6e6, "smollm2-135m": 134.5e6}
 STUDIES = tuple(BY_NAME)  # the registry (dppo.studies), in reproduction order
 DEFAULT_STUDIES = tuple(name for name, s in BY_NAME.items() if s.in_default_run)  # ./reproduce.sh without --study
-
-
-def model_params(name: str) -> float:
-    """Parameters of a model from its name (Qwen3-4B -> 4e9); the embedded models' own sizes."""
-    if name in EMBEDDED_PARAMS:
-        return EMBEDDED_PARAMS[name]
-    m = re.search(r"(\d+(?:\.\d+)?)B\b", name)
-    if not m:
-        raise ValueError(f"cannot read a parameter count from model name {name!r} (e.g. ...-4B)")
-    return float(m.group(1)) * 1e9
 
 
 def dataset_size(source: str, limit: int | None = None, embedded_size: int = 0) -> int:
@@ -206,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'total':18s} ~{sum(r['cpu_minutes'] for r in rows):.0f} min (+ paper_figures, under a minute)")
         left = [s for s in STUDIES if s not in DEFAULT_STUDIES and s not in (args.study or [])]
         if left:
-            print("not in ./reproduce.sh without --study: " + ", ".join(
+            print("not in ./reproduce.sh --profile cpu without --study: " + ", ".join(
                 f"{s} (~{BY_NAME[s].cpu_minutes:g} min: ./reproduce.sh --study {s})" for s in left))
         return 0
     print(f"\n# estimated budget ({args.profile} profile; H100 bf16 peak {PEAK_FLOPS / 1e12:.0f} TFLOP/s at "

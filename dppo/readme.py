@@ -1,7 +1,8 @@
-"""The README's results table, generated from the committed tables and figure data (`figures/T*.csv`, `F3_*.csv`,
-`F4_packing.csv`) so that each number has one source (tests/test_readme.py checks that the README carries exactly
-this table). `python -m dppo.readme` (and `./reproduce.sh`, at its end) rewrites
-it in place after `./reproduce.sh` has regenerated the tables."""
+"""The README's results tables, generated from the committed tables and figure data so that each number has one
+source (tests/test_readme.py checks that the pages carry exactly these tables): the real model's (`figures/real/`,
+`./reproduce.sh` and `--profile real`) in README.md, the embedded default's and R1's (`figures/T*.csv`, `F3_*.csv`,
+`F4_packing.csv`, `--profile cpu` and `--study real_model`) in docs/results.md. `python -m dppo.readme` (and
+`./reproduce.sh`, at its end) rewrites both in place after `./reproduce.sh` has regenerated the tables."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from dppo.studies import PAPER, TABLES
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- results-table: generated from figures/*.csv by `.venv/bin/python -m dppo.readme` -->"
 END = "<!-- /results-table -->"
+REAL_BEGIN = "<!-- real-results-table: generated from figures/real/*.csv by `.venv/bin/python -m dppo.readme` -->"
+REAL_END = "<!-- /real-results-table -->"
+# page -> (its block's markers, the figures folder its table is generated from)
+PAGES = {"README.md": (REAL_BEGIN, REAL_END, "figures/real"), "docs/results.md": (BEGIN, END, "figures")}
 KEPT_MARGIN = 5.0  # points: a gain interval that holds 0 says "kept" only when it also excludes losses beyond this
 
 
@@ -77,8 +82,21 @@ def verdict(df: pd.DataFrame, seeds: pd.DataFrame, label: str, baseline: str) ->
     else:
         glo, ghi = row["acc_gain"] - row["acc_gain_ci"], row["acc_gain"] + row["acc_gain_ci"]
         acc = "higher" if glo > 0 else "lower" if ghi < 0 else \
-            "kept" if row["acc_gain_ci"] <= KEPT_MARGIN else "unresolved at this power"
+            "kept" if row["acc_gain_ci"] <= KEPT_MARGIN else "unresolved at this power" + _power(row)
     return f"{speed}, accuracy {acc}"
+
+
+def _power(row: pd.Series) -> str:
+    """" (~n seeds would resolve ±5)": the seeds whose 95% t half-width, at the standard deviation over seeds the
+    row's gain interval implies, is KEPT_MARGIN points (the interval a "kept" needs)."""
+    from dppo.tables import t_quantile
+
+    n = int(row.get("seeds", 0))
+    if n < 2:
+        return ""
+    sd = row["acc_gain_ci"] * math.sqrt(n) / t_quantile(n - 1)
+    need = next(m for m in range(2, 100_000) if t_quantile(m - 1) * sd / math.sqrt(m) <= KEPT_MARGIN)
+    return f" (~{need} seeds would resolve ±{KEPT_MARGIN:g})"
 
 
 def paired(seeds: pd.DataFrame, a: str, b: str, key: str = "acc/avg") -> tuple[float, float, int]:
@@ -179,14 +197,17 @@ def _f4(figures: Path) -> str:
 
 
 def results_table(figures: Path = ROOT / "figures") -> str:
-    """Markdown table: per table of the study registry (`dppo.studies.TABLES`: T1-T5, R1 on the real model), its seeds,
-    what dppo measured at CPU scale, the verdict and what the paper reports; then F3 (one batch for the variance and
-    bias, 10 for the proportional rule) and F4 (one step)."""
+    """Markdown table: per table of the study registry (`dppo.studies.TABLES`: T1-T5, R1 on the real model) that
+    `figures` holds, its seeds, what dppo measured at CPU scale, the verdict and what the paper reports; then F3 (one
+    batch for the variance and bias, 10 for the proportional rule) and F4 (one step) where it holds them. Tables on
+    the real model (R1; every table of figures/real) also give each method's accuracy and the time to GRPO's."""
     lines = ["| table | seeds | measured here (vs the row's GRPO-family baseline) | verdict | paper (GPU scale) |",
              "| --- | --- | --- | --- | --- |"]
     quoted: dict[str, str] = {}  # a claim of the paper -> the first row that quoted it (later rows say "as R1")
     for table, recipe in TABLES.items():
         name, base_of = recipe.name, recipe.baseline
+        if not (figures / f"{name}.csv").is_file():
+            continue
         df = pd.read_csv(figures / f"{name}.csv").set_index("label")
         per_seed = pd.read_csv(figures / f"{name}_seeds.csv")
         seeds = per_seed["seed"].nunique()
@@ -203,8 +224,8 @@ def results_table(figures: Path = ROOT / "figures") -> str:
                       if label in recipe.layout_rows]
             what += (". Shared prompts: " + "; ".join(shared)) if shared else ""
             judged = [label for label in rows.index if label.startswith("DPPO") or label.endswith("+ DPPO")]
-        if table == "R1":  # the real model: its pooled accuracies and the equal-compute speed-up
-            what += "; " + _real(figures, name, df, per_seed)
+        if (table == "R1" or figures.name == "real") and (figures / f"{name}_equal_compute.csv").is_file():
+            what += "; " + _real(figures, name, df, per_seed)  # the real model: accuracies, time to GRPO's
         bases = dict.fromkeys(base_of(label) for label in judged)
         verdicts: dict[str, list[str]] = {}  # rows with the same verdict share it
         for label in judged:
@@ -216,22 +237,25 @@ def results_table(figures: Path = ROOT / "figures") -> str:
         paper = f"as {quoted[PAPER[table]]}" if PAPER[table] in quoted else PAPER[table]
         quoted.setdefault(PAPER[table], table)
         lines.append(f"| {table} | {seeds} | {what} | {said} | {paper} |")
-    lines.append(f"| F3 | - | {_f3(figures)} | {_f3_verdict(figures)} | {PAPER['F3']} |")
-    lines.append(f"| F4 | - | {_f4(figures)} | - | {PAPER['F4']} |")
+    if (figures / "F3_gradient_variance.csv").is_file():
+        lines.append(f"| F3 | - | {_f3(figures)} | {_f3_verdict(figures)} | {PAPER['F3']} |")
+    if (figures / "F4_packing.csv").is_file():
+        lines.append(f"| F4 | - | {_f4(figures)} | - | {PAPER['F4']} |")
     return "\n".join(lines)
 
 
-def with_table(readme: str, table: str) -> str:
-    """The README text with the block between BEGIN and END replaced by `table`."""
-    head, rest = readme.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+def with_table(text: str, table: str, begin: str = BEGIN, end: str = END) -> str:
+    """A page's text with the block between `begin` and `end` replaced by `table`."""
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{table}\n{end}{tail}"
 
 
 def main() -> None:
-    path = ROOT / "README.md"
-    path.write_text(with_table(path.read_text(), results_table()))
-    print(f"{path}: results table rewritten from figures/")
+    for page, (begin, end, figures) in PAGES.items():
+        path = ROOT / page
+        path.write_text(with_table(path.read_text(), results_table(ROOT / figures), begin, end))
+        print(f"{path}: results table rewritten from {figures}/")
 
 
 if __name__ == "__main__":

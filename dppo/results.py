@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
+import psutil
 import yaml
 
 from dppo import progress, toy
@@ -33,6 +35,11 @@ CODE_FILE = "code.sha256"  # in each run folder: the hash of the dppo source tha
 # Other work beyond the cores a run left free that makes a step (or a run, on average) contended: a quiet machine reads
 # a few hundredths of a core, one competing CPU-bound process about 1 (docs/method.md §5.1; dppo.tables reads it)
 OTHER_CORES_LIMIT = 0.25
+# Runs trained in turn (dppo.paired) are held in memory together: 16 bytes a parameter each (fp32 weights, gradients,
+# AdamW's two moments; 6 SmolLM2 runs measured 11.6 GB resident, 14.4 a parameter), within this share of the memory
+# available when a study starts.
+IN_TURN_BYTES_PER_PARAM = 16
+IN_TURN_MEMORY_FRACTION = 0.6
 # A study notebook at smoke size (tests): seconds per run.
 SMOKE = dict(train_size=24, epochs=1, max_steps=2, eval_size=4, eval_samples=1, eval_every=1000, save_every=1000,
              prompts_per_step=8, group_size=4)
@@ -165,8 +172,8 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
     """Train every run of a study layout (`dppo.studies`) for every seed under `study_root(root, smoke, profile)`
     (finished runs are skipped); {label: [run folder per seed]}. On CPU in this process (no `launch`) the runs of one
     seed — every run a table compares with its baseline of that seed — are trained in turn, step by step
-    (`dppo.paired`), so a burst of load hits both sides of each speed-up alike (all of them held in memory at once:
-    the embedded models are small); launched runs (one process group each), GPU runs and vLLM runs go one after the
+    (`dppo.paired`), so a burst of load hits both sides of each speed-up alike (held in memory together: as many as
+    fit, `in_turn_chunks`; every embedded run of a seed, 5 of SmolLM2's on 24 GB); launched runs (one process group each), GPU runs and vLLM runs go one after the
     other. Progress goes to the progress file (`dppo.progress`)."""
     from dppo.rollout import rollout_backend
 
@@ -188,6 +195,8 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
         # in turn: CPU runs in this process (on a GPU each run needs the device's memory for itself)
         together = not launch and rollout_backend(cfg.rollout_backend).samples_training_model and not _cuda()
         groups.setdefault(("seed", cfg.seed) if together else ("alone", i), []).append((label, cfg))
+    groups = {(key, part): chunk for key, group in groups.items()
+              for part, chunk in enumerate(in_turn_chunks(group, psutil.virtual_memory().available))}
     trained = 0.0
     for n, group in enumerate(groups.values(), 1):
         names = ", ".join(f"{label}, seed {cfg.seed} -> {Path(cfg.output_dir).relative_to(root)}" for label, cfg in group)
@@ -207,6 +216,24 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
         trained += time.perf_counter() - t0
         progress.note(f"training {n}/{len(groups)} done in {time.perf_counter() - t0:.0f} s")
     return out
+
+
+def in_turn_chunks(group: list[tuple[str, TrainConfig]], available_bytes: float) -> list[list[tuple[str, TrainConfig]]]:
+    """A seed's runs split into as few groups trained in turn as fit in memory, of balanced sizes, in order: each run
+    held in turn keeps its fp32 weights, gradients and AdamW's moments (IN_TURN_BYTES_PER_PARAM), and all of them may
+    take IN_TURN_MEMORY_FRACTION of `available_bytes` (rollouts, activations and evaluation beside). The embedded
+    models' runs all fit in one group; 15 SmolLM2 runs (32 GB) on a 24 GB machine go in 3 groups of 5. A run whose
+    model size the name does not give (`dppo.studies.model_params`) keeps the group whole."""
+    from dppo.studies import model_params
+
+    try:
+        per_run = max(model_params(cfg.model_name_or_path) for _, cfg in group) * IN_TURN_BYTES_PER_PARAM
+    except ValueError:
+        return [group]
+    fit = max(1, int(available_bytes * IN_TURN_MEMORY_FRACTION // per_run))
+    parts = math.ceil(len(group) / fit)
+    size = math.ceil(len(group) / parts)
+    return [group[i:i + size] for i in range(0, len(group), size)]
 
 
 def _cuda() -> bool:

@@ -33,6 +33,20 @@ ROOT = _REPO if (_REPO / "experiments").is_dir() else Path.cwd()
 RESULTS = ROOT / "experiments" / "results"
 FIGURES = ROOT / "figures"
 
+EMBEDDED_PARAMS = {"embedded": 0.8e6, "embedded-large": 1.6e6, "smollm2-135m": 134.5e6}
+
+
+def model_params(name: str) -> float:
+    """Parameters of a model from its name (Qwen3-4B -> 4e9); the embedded models' own sizes (the budget's and the
+    in-turn memory's estimates; `model_size` counts the shipped weights)."""
+    import re
+
+    if name in EMBEDDED_PARAMS:
+        return EMBEDDED_PARAMS[name]
+    m = re.search(r"(\d+(?:\.\d+)?)B\b", name)
+    if not m:
+        raise ValueError(f"cannot read a parameter count from model name {name!r} (e.g. ...-4B)")
+    return float(m.group(1)) * 1e9
 
 def grpo_baseline(label: str) -> str:
     """Every row against GRPO (T1, T4, T5, R1)."""
@@ -95,7 +109,7 @@ class Study:
     tables: tuple[Table, ...] = ()
     figures: tuple[str, ...] = ()
     seeds: tuple[int, ...] = (0,)  # default seeds of the CPU profile
-    in_default_run: bool = True  # run by ./reproduce.sh without --study (False: only when named, for its length)
+    in_default_run: bool = True  # run by ./reproduce.sh --profile cpu without --study (False: only when named)
     cpu_minutes: float = 0.0  # measured on 2 CPU cores at the CPU profile (./reproduce.sh --study NAME prints it)
 
 
@@ -124,7 +138,7 @@ STUDIES = (
           in_default_run=False, cpu_minutes=80),
 )
 BY_NAME = {s.name: s for s in STUDIES}
-# What ./reproduce.sh runs without --study, under either profile (cpu, paper: the same list); paper_figures asks for
+# What ./reproduce.sh --profile cpu (or paper) runs without --study (the same list); paper_figures asks for
 # every table and figure of these and of no other study (R1's only when it is named).
 DEFAULT_RUN = tuple(s for s in STUDIES if s.in_default_run)
 TABLES = {t.key: t for s in STUDIES for t in s.tables}  # every table by key, in the registry's order

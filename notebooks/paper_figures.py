@@ -44,7 +44,7 @@ out = results.figures_dir(smoke, profile, results_dir)
 paper = profile != "cpu" and not results_dir  # each study's runs where its profile's parameters put them
 # a study's parameters under the profile as ./reproduce.sh gave them (--toy: with experiments/paper/toy.yaml's)
 params_of = toy.study_params if toy.active() else lambda study: studies.profile_params(study, profile)
-# the studies ./reproduce.sh runs without --study under this profile: what a complete run must have made
+# the studies ./reproduce.sh --profile P runs without --study: what a complete run must have made
 ran = [s for s in studies.STUDIES if (s.name in studies.REAL_STUDIES if profile == "real" else s.in_default_run)]
 seeds = {s.name: (s.seeds[:2] if smoke else params_of(s.name).get("seeds", s.seeds) if paper else s.seeds)
          for s in studies.STUDIES}
@@ -148,8 +148,8 @@ assert (out / f"{studies.FIGURE_F1}.png").is_file()
 print("tables rebuilt identical to the study notebooks':", compared or "none written after their runs")
 if smoke:  # the test command runs the study notebooks first (T3's after this one), each into a clean folder
     assert {"T1_main_results", "T2_algorithms", "T4_ablations", "T5_sensitivity"} <= set(compared), compared
-if complete and not smoke:  # every table and figure of the studies ./reproduce.sh runs without --study under either
-    assert not missing, missing  # profile (studies.DEFAULT_RUN), and of no other (R1's only when real_model is named):
+if complete and not smoke:  # every table and figure of the studies ./reproduce.sh --profile P runs without --study
+    assert not missing, missing  # (studies.DEFAULT_RUN; real: REAL_STUDIES), and of no other (R1's only when real_model is named):
     made = [f"{t.name}{end}" for s in ran for t in s.tables  # with every run there, this notebook
             for end in (".csv", ".md", "_seeds.csv") + (("_equal_compute.csv",) if t.at_equal_compute else ())]
     made += [f"{name}.png" for s in ran for name in s.figures]  # has just (re)written each of them

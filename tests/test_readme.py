@@ -1,18 +1,32 @@
-"""The README a newcomer reads: at most 10 KB, its links resolve, and its results table is exactly the one generated
-from the committed tables `figures/T*.csv` (`python -m dppo.readme`), so the two cannot drift apart."""
+"""The README a newcomer reads: at most 10 KB, its links resolve, and its results tables are exactly the ones generated
+from the committed tables (`figures/real/*.csv` in the README, `figures/*.csv` in docs/results.md; `python -m
+dppo.readme`), so the pages and the tables cannot drift apart."""
 
 import re
 from pathlib import Path
 
-from dppo.readme import BEGIN, END, results_table, with_table
+import numpy as np
+
+from dppo.readme import PAGES, REAL_BEGIN, results_table, with_table
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
 
 def test_readme_results_table_is_generated_from_the_figures_tables():
-    assert README.count(BEGIN) == 1 and README.count(END) == 1
-    assert with_table(README, results_table()) == README, "README's table differs: run `python -m dppo.readme`"
+    """README.md carries the real model's table (figures/real/), docs/results.md the embedded default's and R1's
+    (figures/), each exactly as generated; the embedded one has every table and figure row of the registry."""
+    from dppo.studies import TABLES
+
+    for page, (begin, end, figures) in PAGES.items():
+        text = (ROOT / page).read_text()
+        assert text.count(begin) == 1 and text.count(end) == 1, page
+        assert with_table(text, results_table(ROOT / figures), begin, end) == text, \
+            f"{page}'s table differs: run `python -m dppo.readme`"
+    embedded = results_table(ROOT / "figures")
+    assert all(f"| {key} |" in embedded for key in [*TABLES, "F3", "F4"])
+    real = results_table(ROOT / "figures" / "real")
+    assert "| T1 |" in real and "Pass@1 over seeds: GRPO" in real and README.index(REAL_BEGIN) < README.index("## Train")
 
 
 def test_results_table_carries_every_tables_numbers(tmp_path):
@@ -73,7 +87,13 @@ def test_verdict_is_unresolved_when_the_baseline_did_not_learn():
     assert verdict(summary, seeds, "DPPO", "GRPO") == "not faster, accuracy lower"
     # a gain interval that holds 0 but also losses of more than 5 points: not "kept"
     summary, seeds = _table([9.0, -12.0, 4.0], [20, 22, 21], [30, 34, 32], [1.8, 1.9, 2.0])
-    assert verdict(summary, seeds, "DPPO", "GRPO") == "faster, accuracy unresolved at this power"
+    said = verdict(summary, seeds, "DPPO", "GRPO")
+    assert said.startswith("faster, accuracy unresolved at this power (~") and said.endswith(" seeds would resolve ±5)")
+    # the seeds it names: the fewest whose 95% t half-width at these seeds' spread (sd 10.97) is within 5 points
+    from dppo.tables import t_quantile
+
+    need, sd = int(said.split("~")[1].split()[0]), float(np.std([9.0, -12.0, 4.0], ddof=1))
+    assert t_quantile(need - 1) * sd / need ** 0.5 <= 5 < t_quantile(need - 2) * sd / (need - 1) ** 0.5, need
 
 
 def test_verdict_higher_and_one_seed():

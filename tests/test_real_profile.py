@@ -67,3 +67,19 @@ def test_dry_run_lists_the_real_runs_and_their_minutes():
         line = next(ln for ln in done.stdout.splitlines() if ln.startswith(f"{study} "))
         assert f"{n:3d} runs ~{n * studies.REAL_RUN_MINUTES:.0f} min" in line, line
     assert "scale" not in [ln.split()[0] for ln in done.stdout.splitlines() if ln.endswith(" min")]
+
+
+def test_reproduce_without_options_is_the_real_t1():
+    """`./reproduce.sh` alone trains the main table on the real model (a baseline that learns): the real profile's
+    T1 over its seeds, nothing of the embedded studies, within the 90 minutes a default run may take; `--profile cpu`
+    is the embedded default's every study."""
+    plain = subprocess.run(["bash", "reproduce.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    cpu = subprocess.run(["bash", "reproduce.sh", "--profile", "cpu", "--dry-run"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert plain.returncode == 0 and cpu.returncode == 0, (plain.stderr[-2000:], cpu.stderr[-2000:])
+    trained = [ln for ln in plain.stdout.splitlines() if "dppo train --config" in ln]
+    assert len(trained) == len(real_runs("main_results")) == 5 * len(studies.REAL_SEEDS["main_results"]), trained
+    assert all("experiments/results/real/main_results/" in ln for ln in trained), trained
+    total = next(ln for ln in plain.stdout.splitlines() if ln.startswith("total "))
+    assert int(total.split("~")[1].split()[0]) <= 85, total  # the estimate, with bootstrap and tables, within 90 min
+    assert "experiments/results/real/" not in cpu.stdout and "papermill notebooks/packing.ipynb" in cpu.stdout

@@ -70,6 +70,26 @@ def test_the_code_hash_covers_the_code_that_trains(tmp_path):
         path.write_text(before) if before is not None else path.unlink()
 
 
+
+def test_runs_trained_in_turn_fit_in_memory():
+    """A seed's runs are held in memory together only as many as fit: the real profile's 15 ablation runs of
+    SmolLM2 (2.15 GB each) on a 24 GB machine go in balanced groups of at most 6 (one group would need 32 GB, and
+    was the plan before); the embedded model's 18 stay one group; an unknown model's size keeps the group whole."""
+    def group(model: str, n: int):
+        return [(f"run{i}", TrainConfig(model_name_or_path=model)) for i in range(n)]
+
+    gib = 2 ** 30
+    chunks = results.in_turn_chunks(group("smollm2-135m", 15), 22 * gib)
+    assert [len(c) for c in chunks] == [5, 5, 5] and [label for c in chunks for label, _ in c] == \
+        [f"run{i}" for i in range(15)]
+    held = max(len(c) for c in chunks) * 134.5e6 * results.IN_TURN_BYTES_PER_PARAM
+    assert held <= 22 * gib * results.IN_TURN_MEMORY_FRACTION < 15 * 134.5e6 * results.IN_TURN_BYTES_PER_PARAM
+    assert [len(c) for c in results.in_turn_chunks(group("smollm2-135m", 5), 22 * gib)] == [5]
+    assert [len(c) for c in results.in_turn_chunks(group("embedded", 18), 4 * gib)] == [18]
+    assert [len(c) for c in results.in_turn_chunks(group("smollm2-135m", 3), 1 * gib)] == [1, 1, 1]
+    assert [len(c) for c in results.in_turn_chunks(group("./my_local_model", 7), 1 * gib)] == [7]
+
+
 def _rate(label: str, name: str) -> float:
     return float(dict(kv.split("=") for kv in label.split(", "))[name])
 
