@@ -182,11 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     print("# commands")
     print("\n".join(commands))
     if args.profile == "real":
-        print(f"\n# time on 2 CPU cores (estimated: {REAL_RUN_MINUTES:.1f} min a run, the real T1's measured mean; "
-              f"dppo.studies.REAL_RUN_MINUTES)")
-        print("\n".join(f"{r['study']:18s} {r['runs']:3d} runs ~{r['runs'] * REAL_RUN_MINUTES:.0f} min" for r in rows))
-        total = sum(r["runs"] for r in rows)
-        print(f"{'total':18s} {total:3d} runs ~{total * REAL_RUN_MINUTES:.0f} min (+ paper_figures, under a minute)")
+        print("\n# time on 2 CPU cores (estimated: each study's measured minutes a run, dppo.studies.REAL_RUN_MINUTES)")
+        print("\n".join(f"{r['study']:18s} {r['runs']:3d} runs ~{r['runs'] * REAL_RUN_MINUTES[r['study']]:.0f} min"
+                        for r in rows))
+        total = sum(r["runs"] * REAL_RUN_MINUTES[r["study"]] for r in rows)
+        print(f"{'total':18s} {sum(r['runs'] for r in rows):3d} runs ~{total:.0f} min (+ paper_figures, under a minute)")
         return 0
     if args.profile == "cpu":
         print("\n# time on 2 CPU cores (measured: dppo.studies.Study.cpu_minutes)")

@@ -20,6 +20,9 @@ REAL_BEGIN = "<!-- real-results-table: generated from figures/real/*.csv by `.ve
 REAL_END = "<!-- /real-results-table -->"
 # page -> (its block's markers, the figures folder its table is generated from)
 PAGES = {"README.md": (REAL_BEGIN, REAL_END, "figures/real"), "docs/results.md": (BEGIN, END, "figures")}
+# T5's FLOPs speed-up drops by more than this share before a cell with higher rates counts as below one with lower
+# rates: each cell's rollouts are its own (the real T1's DPPO FLOPs speed-up spans 1.75x-1.85x over its 3 seeds)
+MONOTONE_MARGIN = 0.05
 KEPT_MARGIN = 5.0  # points: a gain interval that holds 0 says "kept" only when it also excludes losses beyond this
 
 
@@ -110,8 +113,9 @@ def against_paper(table: str, df: pd.DataFrame, seeds: pd.DataFrame) -> str:
     """Where a table's intervals contradict what the paper reports (data-driven; "" where they do not): T1 a baseline
     more accurate than DPPO, its paired interval over seeds above 0 (the paper: GRESO and CPPO less accurate than
     DPPO); T3 DPPO losing accuracy on the larger model, its interval below 0 (the paper: up to +4.19 points on the
-    largest); a mean alone, or one seed, contradicts nothing. T5 a FLOPs speed-up that does not grow with the rates
-    (FLOPs are deterministic; one seed's wall clock is one paired measurement per cell, not compared across cells)."""
+    largest); a mean alone, or one seed, contradicts nothing. T5 a FLOPs speed-up that falls by more than
+    MONOTONE_MARGIN where the rates grow (one seed's wall clock is one paired measurement per cell, not compared across
+    cells)."""
     said = []
     if table in ("T1", "R1") and "DPPO" in df.index:
         for b in ("GRESO", "CPPO"):
@@ -125,7 +129,8 @@ def against_paper(table: str, df: pd.DataFrame, seeds: pd.DataFrame) -> str:
     if table == "T5":
         cells = {tuple(float(v.split("=")[1]) for v in label.split(", ")): float(df.loc[label, "speedup_flops"])
                  for label in df.index if label.startswith("r_q=")}
-        down = [(a, b) for a in cells for b in cells if a != b and b[0] >= a[0] and b[1] >= a[1] and cells[b] < cells[a]]
+        down = [(a, b) for a in cells for b in cells
+                if a != b and b[0] >= a[0] and b[1] >= a[1] and cells[b] < cells[a] * (1 - MONOTONE_MARGIN)]
         if down:
             (a, b) = max(down, key=lambda ab: cells[ab[0]] - cells[ab[1]])
             said.append(f"FLOPs speed-up not monotone in the rates (r_q, r_o = {b[0]:g}, {b[1]:g}: {cells[b]:.2f}x "

@@ -341,8 +341,11 @@ def paper_params(study: str) -> dict:
 # (`real_overrides`) and R1's setup (REAL_SETUP), one seed a study until a study's verdict names the seeds it needs.
 REAL_STUDIES = ("main_results", "algorithms", "ablations")
 REAL_SEEDS = {"main_results": (0, 1, 2)}  # a study's seeds under the real profile (others: seed 0)
-REAL_RUN_MINUTES = 26.2 / 5  # a real-model run on 2 cores, training and evaluations: the real T1's 5 runs of seed 1
-# took 26.2 min in turn (2026-12-05; GRPO ~5, DPPO ~3 minutes of training): what --profile real --dry-run estimates with
+# Minutes a real-model run of each study takes on 2 cores, training and evaluations, measured (2026-12-05): T1's 5
+# runs of seed 1 took 26.2 min in turn (GRPO ~5, DPPO ~3 minutes of training; evaluated every 4 steps), T2's 6 runs
+# 36.9 (3 of them unpruned; evaluated at the start and the end), T4/T5's 15 runs 58.8 (in 3 groups of 5). What
+# --profile real --dry-run estimates with.
+REAL_RUN_MINUTES = {"main_results": 26.2 / 5, "algorithms": 36.9 / 6, "ablations": 58.8 / 15}
 # The fields in which R1's configs differ from the CPU profile's and that are not the study setup: what makes a run
 # R1's model and task. Read from the YAML files (the one place they are written), so R1 and the real profile agree.
 _REAL_PAIRS = (("experiments/cpu/grpo.yaml", "experiments/cpu/real_grpo.yaml"),

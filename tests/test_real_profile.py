@@ -65,7 +65,7 @@ def test_dry_run_lists_the_real_runs_and_their_minutes():
         n = len(real_runs(study))
         assert f"papermill notebooks/{study}.ipynb" in done.stdout
         line = next(ln for ln in done.stdout.splitlines() if ln.startswith(f"{study} "))
-        assert f"{n:3d} runs ~{n * studies.REAL_RUN_MINUTES:.0f} min" in line, line
+        assert f"{n:3d} runs ~{n * studies.REAL_RUN_MINUTES[study]:.0f} min" in line, line
     assert "scale" not in [ln.split()[0] for ln in done.stdout.splitlines() if ln.endswith(" min")]
 
 
