@@ -173,8 +173,8 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
     (finished runs are skipped); {label: [run folder per seed]}. On CPU in this process (no `launch`) the runs of one
     seed — every run a table compares with its baseline of that seed — are trained in turn, step by step
     (`dppo.paired`), so a burst of load hits both sides of each speed-up alike (held in memory together: as many as
-    fit, `in_turn_chunks`; every embedded run of a seed, 5 of SmolLM2's on 24 GB); launched runs (one process group each), GPU runs and vLLM runs go one after the
-    other. Progress goes to the progress file (`dppo.progress`)."""
+    fit, `in_turn_chunks`; every embedded run of a seed, 5 of SmolLM2's on 24 GB); launched runs (one process group
+    each), GPU runs and vLLM runs go one after the other. Progress goes to the progress file (`dppo.progress`)."""
     from dppo.rollout import rollout_backend
 
     root = study_root(root, smoke, profile)
@@ -218,7 +218,8 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
     return out
 
 
-def in_turn_chunks(group: list[tuple[str, TrainConfig]], available_bytes: float) -> list[list[tuple[str, TrainConfig]]]:
+def in_turn_chunks(group: list[tuple[str, TrainConfig]],
+                   available_bytes: float) -> list[list[tuple[str, TrainConfig]]]:
     """A seed's runs split into as few groups trained in turn as fit in memory, of balanced sizes, in order: each run
     held in turn keeps its fp32 weights, gradients and AdamW's moments (IN_TURN_BYTES_PER_PARAM), and all of them may
     take IN_TURN_MEMORY_FRACTION of `available_bytes` (rollouts, activations and evaluation beside). The embedded

@@ -127,7 +127,8 @@ def test_one_step_on_the_real_model_moves_the_weights(tmp_path, config):
 
 
 def test_the_study_is_registered_timed_and_run_only_by_name():
-    """./reproduce.sh --dry-run states the study's time and that the default run leaves it out; --study runs it."""
+    """./reproduce.sh --profile cpu --dry-run states the study's time and that the embedded run leaves it out;
+    --study runs it."""
     import subprocess
 
     from dppo import studies
@@ -135,7 +136,8 @@ def test_the_study_is_registered_timed_and_run_only_by_name():
     root = Path(__file__).resolve().parent.parent
     assert "real_model" not in subprocess.run(["python3", "dppo/studies.py"], cwd=root, capture_output=True,
                                               text=True, check=True).stdout.split()
-    dry = subprocess.run(["bash", "reproduce.sh", "--dry-run"], cwd=root, capture_output=True, text=True, timeout=600)
+    dry = subprocess.run(["bash", "reproduce.sh", "--profile", "cpu", "--dry-run"], cwd=root, capture_output=True,
+                         text=True, timeout=600)
     assert dry.returncode == 0, dry.stderr[-2000:]
     minutes = studies.BY_NAME["real_model"].cpu_minutes
     assert f"real_model (~{minutes:g} min: ./reproduce.sh --study real_model)" in dry.stdout and 0 < minutes <= 90
