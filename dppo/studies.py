@@ -340,6 +340,11 @@ def paper_params(study: str) -> dict:
 # R1, every run of the CPU profile's methods (their experiments/cpu/*.yaml) with R1's model, task and sampling
 # (`real_overrides`) and R1's setup (REAL_SETUP), one seed a study until a study's verdict names the seeds it needs.
 REAL_STUDIES = ("main_results", "algorithms", "ablations")
+# Evaluations during training, every n steps, by study (the others: at the start and the end only). T1's feed F2's
+# curves and the time to GRPO's accuracy: every 8 of its 16 steps. One evaluation (512 samples) takes ~34 s here: at
+# R1's every 4, a seed's 21 evaluations took ~10 of its 26 minutes and T1 79. Every 8 keeps the evaluations of steps 8
+# and 16 with their sampling seeds (dppo.trainer.eval_seed) and drops those of steps 4 and 12.
+REAL_EVAL_EVERY = {"main_results": 8}
 REAL_SEEDS = {"main_results": (0, 1, 2)}  # a study's seeds under the real profile (others: seed 0)
 # Minutes a real-model run of each study takes on 2 cores, training and evaluations, measured (2026-12-05): T1's 5
 # runs of seed 1 took 26.2 min in turn (GRPO ~5, DPPO ~3 minutes of training; evaluated every 4 steps), T2's 6 runs
@@ -377,7 +382,7 @@ def real_params(study: str) -> dict:
         return {"profile": "real"}
     if study not in REAL_STUDIES:
         return {}
-    setup = REAL_SETUP if study == "main_results" else {**REAL_SETUP, "eval_every": 1000}  # curves: F2's only
+    setup = {**REAL_SETUP, "eval_every": REAL_EVAL_EVERY.get(study, 1000)}  # curves: F2's only
     setup = {**setup, "keep_checkpoints_after_final": False}  # 1.6 GB a run once final/ (0.5 GB) is written
     return {"overrides": {**real_overrides(), **setup}, "profile": "real", "shared_rows": False,
             "long_epochs": 0, "seeds": list(REAL_SEEDS.get(study, (0,)))}

@@ -34,7 +34,8 @@ def test_every_real_profile_run_trains_r1s_model_and_task():
 
 def test_the_real_profiles_grpo_and_dppo_are_r1s():
     """T1's GRPO and DPPO under the real profile train R1's configs field for field (but their folders, what they keep
-    on disk, and GRPO's unread refill window): the override set misses none of the fields R1's YAML files set.
+    on disk, GRPO's unread refill window, and how often they evaluate: T1 at every other of R1's evaluations, so the
+    ones it makes are R1's, seeds included): the override set misses none of the fields R1's YAML files set.
     Without one of them (lr), they would not."""
     t1 = studies.study_layouts("main_results", **studies.layout_params(studies.real_params("main_results")))["T1"]
     r1 = studies.study_layouts("real_model", shared_rows=False)["R1"]
@@ -43,9 +44,10 @@ def test_the_real_profiles_grpo_and_dppo_are_r1s():
         cfg, over, _ = layout[label]  # disk after final/ is not how it trains
         cfg = TrainConfig.load(ROOT / cfg, {**over, **extra})
         return dataclasses.replace(cfg, output_dir="", refill_window=cfg.refill_window if cfg.refill != "none" else 0,
-                                   keep_checkpoints_after_final=True)
+                                   keep_checkpoints_after_final=True, eval_every=0)
     for label in ("GRPO", "DPPO"):
         assert config(t1, label) == config(r1, label), label
+        assert t1[label][1]["eval_every"] == 2 * r1[label][1]["eval_every"], label
     lr = studies.real_overrides()["lr"]
     assert config(t1, "GRPO", lr=1e-4) != config(r1, "GRPO") and lr == 3e-5
 
