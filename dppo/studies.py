@@ -345,7 +345,7 @@ REAL_STUDIES = ("main_results", "algorithms", "ablations")
 # R1's every 4, a seed's 21 evaluations took ~10 of its 26 minutes and T1 79. Every 8 keeps the evaluations of steps 8
 # and 16 with their sampling seeds (dppo.trainer.eval_seed) and drops those of steps 4 and 12.
 REAL_EVAL_EVERY = {"main_results": 8}
-REAL_SEEDS = {"main_results": (0, 1, 2), "algorithms": (0, 1)}  # a study's seeds under the real profile (others: seed 0)
+REAL_SEEDS = {"main_results": (0, 1, 2), "algorithms": (0, 1)}  # a study's seeds (others: seed 0)
 # Minutes a real-model run of each study takes on 2 cores, training and evaluations, measured (2026-12-05): T1's 5
 # runs of a seed took 21.7-23.8 min in turn (mean 23.0; GRPO ~5, DPPO ~3 minutes of training; evaluated every 8 steps),
 # T2's 6 runs 36.9 (3 of them unpruned; evaluated at the start and the end), T4/T5's 15 runs 58.8 (in 3 groups of 5).
