@@ -384,8 +384,9 @@ def real_params(study: str) -> dict:
         return {}
     setup = {**REAL_SETUP, "eval_every": REAL_EVAL_EVERY.get(study, 1000)}  # curves: F2's only
     setup = {**setup, "keep_checkpoints_after_final": False}  # 1.6 GB a run once final/ (0.5 GB) is written
-    return {"overrides": {**real_overrides(), **setup}, "profile": "real", "shared_rows": False,
-            "long_epochs": 0, "seeds": list(REAL_SEEDS.get(study, (0,)))}
+    t1 = {"shared_rows": False, "long_epochs": 0} if study == "main_results" else {}  # T1's notebook's parameters
+    return {"overrides": {**real_overrides(), **setup}, "profile": "real", **t1,
+            "seeds": list(REAL_SEEDS.get(study, (0,)))}
 
 
 def profile_params(study: str, profile: str) -> dict:

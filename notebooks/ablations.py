@@ -31,6 +31,7 @@ results_dir = ""  # runs under <profile root>/results_dir (root: experiments/res
 # tables and figures in its figures/; "": the root, and figures/ (paper: figures/paper)
 smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
+seeds = [0]  # each run is trained once per seed (the real profile: studies.REAL_SEEDS)
 
 # %%
 from IPython.display import Markdown, display
@@ -42,8 +43,8 @@ if smoke:
 out = results.figures_dir(smoke, profile, results_dir)
 layouts = studies.study_layouts("ablations", configs=configs, overrides=overrides, rates=rates)
 # both tables' runs of a seed train in turn, step by step (one group): every speed-up meets its baseline's load
-runs = results.run_layout({**layouts["T4"], **layouts["T5"]}, smoke=smoke, launch=launch, root=results_dir,
-                          profile=profile)
+runs = results.run_layout({**layouts["T4"], **layouts["T5"]}, seeds=seeds, smoke=smoke, launch=launch,
+                          root=results_dir, profile=profile)
 runs4, runs5 = ({label: runs[label] for label in layouts[t]} for t in ("T4", "T5"))
 t4 = tables.build(studies.TABLES["T4"], layouts["T4"], runs4, out, profile)  # the registry's recipe (studies.Table)
 display(Markdown((out / "T4_ablations.md").read_text()))

@@ -33,6 +33,7 @@ results_dir = ""  # runs under <profile root>/results_dir (root: experiments/res
 # tables and figures in its figures/; "": the root, and figures/ (paper: figures/paper)
 smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
+seeds = [0]  # each run is trained once per seed (the real profile: studies.REAL_SEEDS)
 
 # %%
 import pandas as pd
@@ -41,7 +42,7 @@ from IPython.display import Markdown, display
 from dppo import results, studies, tables
 
 layout = studies.study_layouts("algorithms", configs=configs, overrides=overrides)["T2"]
-runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir, profile=profile)
+runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile)
 out = results.figures_dir(smoke, profile, results_dir)
 t2 = tables.build(studies.TABLES["T2"], layout, runs, out, profile)  # each X + DPPO against X (dppo.studies.Table)
 display(Markdown((out / "T2_algorithms.md").read_text()))

@@ -52,6 +52,19 @@ def test_the_real_profiles_grpo_and_dppo_are_r1s():
     assert config(t1, "GRPO", lr=1e-4) != config(r1, "GRPO") and lr == 3e-5
 
 
+@pytest.mark.parametrize("profile", ["cpu", "real", "paper"])
+def test_every_parameter_a_profile_passes_is_one_its_notebook_reads(profile):
+    """papermill passes a parameter a notebook does not declare with a warning only, and the notebook never reads it:
+    the real profile's T2 seeds (REAL_SEEDS) reached a notebook without a `seeds` parameter and trained seed 0 alone,
+    while the dry run (which reads REAL_SEEDS) counted both seeds."""
+    import papermill
+
+    for study in studies.STUDIES:
+        passed = studies.profile_params(study.name, profile)
+        declared = papermill.inspect_notebook(str(ROOT / "notebooks" / f"{study.name}.ipynb"))
+        assert set(passed) <= set(declared), (study.name, sorted(set(passed) - set(declared)))
+
+
 def test_real_captions_are_made_from_the_runs_fields(monkeypatch):
     text = studies.caption("T1", "real")
     assert "smollm2-135m" in text and "64 training problems x 2 epochs" in text and "16 steps of 8 prompts" in text
