@@ -143,17 +143,19 @@ def study_runs(study: str, profile: str) -> dict[Path, tuple[str, TrainConfig]]:
 
 
 def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[dict]]:
-    """(every command, in order; one budget row per study)."""
+    """(every command, in order; one budget row per study). A run an earlier study of the plan trains (T5's GRPO and
+    DPPO are T4's) is counted there only: the later study finds it finished."""
     from dppo import studies as registry
     from dppo.launch import train_command
 
-    commands, rows = [], []
+    commands, rows, seen = [], [], set()
     for study in studies:
         params = study_params(study, profile)
         args = f" -f experiments/paper/{study}.yaml" if params and profile == "paper" else \
             f" -f <python -m dppo.studies --params real {study}>" if params else ""
         commands.append(f"papermill notebooks/{study}.ipynb experiments/results/notebooks/{study}.ipynb --cwd .{args}")
-        runs = study_runs(study, profile)
+        runs = {out: run for out, run in study_runs(study, profile).items() if out not in seen}
+        seen |= set(runs)
         hours, disk, peak = 0.0, 0.0, 0.0
         for out, (cfg_path, cfg) in runs.items():
             hours += run_gpu_hours(cfg)

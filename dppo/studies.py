@@ -104,7 +104,7 @@ class Table:
 class Study:
     """One notebook of the reproduction and what it regenerates."""
 
-    name: str  # notebooks/<name>.ipynb, and the run folders' subdirectory
+    name: str  # notebooks/<name>.ipynb
     title: str
     tables: tuple[Table, ...] = ()
     figures: tuple[str, ...] = ()
@@ -123,9 +123,11 @@ STUDIES = (
           cpu_minutes=2.9),
     Study("scale", "T3: a larger model with and without DPPO", (Table("T3", "T3_scale", grpo_same_model),),
           cpu_minutes=2.4),
-    Study("ablations", "T4 and T5: ablations and the r_q x r_o grid",
-          (Table("T4", "T4_ablations"), Table("T5", "T5_sensitivity", grid=True)), ("T5_sensitivity_heatmap",),
-          cpu_minutes=5.5),
+    # T4 and T5's 15 runs took 5.5 min in one notebook (2026-12-04): split by the runs each trains, 7 and 8 (T5's
+    # GRPO and DPPO are T4's)
+    Study("ablations", "T4: DPPO's ablations", (Table("T4", "T4_ablations"),), cpu_minutes=2.6),
+    Study("sensitivity", "T5: the r_q x r_o grid", (Table("T5", "T5_sensitivity", grid=True),),
+          ("T5_sensitivity_heatmap",), cpu_minutes=2.9),
     Study("gradient_variance", "F3: gradient variance and bias against the pruning rates", (),
           ("F3_gradient_variance",), cpu_minutes=1.4),
     Study("packing", "F4: Dense Prompt Packing", (), ("F4_packing",), cpu_minutes=0.3),
@@ -232,10 +234,14 @@ _ON = {"GRPO": (_G, SHORT, "short/grpo"), "DPPO": (_D, _SHORT_DPPO, "short/dppo"
 T2_RUNS = {f"{alg.upper()}{' + DPPO' if d else ''}": (
     _D if d else _G, {**SHORT, "algorithm": alg, "num_minibatches": 4, **({} if (alg, d) == ("grpo", False) else _NO_START)},
     f"short/mb4_{alg}{'_dppo' if d else ''}") for alg in ("grpo", "dapo", "gspo") for d in (False, True)}
-# T4 and T5 train their own GRPO and DPPO (under ablations/, not T3's short/ runs): the ablations notebook trains
-# both tables' runs of a seed in turn, step by step (results.run_layout), so every speed-up in them meets the same
-# load as its baseline. Each ablation changes one thing: "without 1/pi weights" keeps DPPO's masks and Z
-# (dppo_unweighted; dppo_biased would change Z too), "without Dense Prompt Packing" keeps the layout and drops refill.
+# T4 and T5 train their own GRPO and DPPO (under ablations/, not T3's short/ runs), and share them: T5's baseline and
+# its r_q = r_o = 0.5 cell are T4's GRPO and DPPO, trained by whichever of the two studies runs first (the other finds
+# them finished). Each study trains its runs of a seed in turn, step by step (results.run_layout), as many together
+# as fit in memory; a step whose load differs from its baseline's is flagged (results.contended_steps) and its pair
+# left out of the wall-clock means. Two studies, not one: the real profile's 15 runs a seed, at 2 seeds, would take
+# ~2 hours in one notebook (each study of the profile must fit 75 minutes). Each ablation changes one thing: "without
+# 1/pi weights" keeps DPPO's masks and Z (dppo_unweighted; dppo_biased would change Z too), "without Dense Prompt
+# Packing" keeps the layout and drops refill.
 _AB = {"GRPO": (_G, SHORT, "ablations/grpo"), "DPPO": (_D, _SHORT_DPPO, "ablations/dppo")}
 T4_RUNS = {
     "GRPO": _AB["GRPO"],
@@ -247,7 +253,7 @@ T4_RUNS = {
     "proportional inclusion (same budget)": (_P, _SHORT_DPPO, "ablations/dppo_proportional"),
 }
 T5_RATES = (0.3, 0.5, 0.7)
-T5_SMOKE_RATES = (0.5,)  # the ablations notebook's grid at smoke size (tests)
+T5_SMOKE_RATES = (0.5,)  # the sensitivity notebook's grid at smoke size (tests)
 
 
 def t5_runs(rates=T5_RATES) -> dict:
@@ -293,8 +299,8 @@ SHORT_CAPTION = ("CPU scale, short runs: embedded model, 256 training problems x
 T4_CAPTION = SHORT_CAPTION + (" Each ablation changes one thing of DPPO: a stage's rate to 0; 1/pi weights to 1 "
                               "(same masks and Z); no refill (pruned prompts leave the step smaller, same layout). "
                               "Proportional inclusion has DPPO's expected budget before it drops A = 0 rows, so it "
-                              "trains fewer tokens (tokens/trained in the CSV). T4 and T5 train in turn, step by step, "
-                              "with their own GRPO.")
+                              "trains fewer tokens (tokens/trained in the CSV). T4 and T5 share their GRPO and "
+                              "DPPO runs; runs train in turn, step by step.")
 T2_CAPTION = SHORT_CAPTION + (" T2 runs are off-policy: 4 minibatch updates per step (on-policy, GSPO's gradient "
                               "equals GRPO's). DAPO here is DAPO's loss (token-mean, clip-higher 0.28) without its "
                               "dynamic sampling. Speed-up and gain of X + DPPO are against X.")
@@ -339,18 +345,20 @@ def paper_params(study: str) -> dict:
 # ./reproduce.sh --profile real: the paper's tables (T1 with its five methods and F2, T2, T4, T5) on the real model of
 # R1, every run of the CPU profile's methods (their experiments/cpu/*.yaml) with R1's model, task and sampling
 # (`real_overrides`) and R1's setup (REAL_SETUP), one seed a study until a study's verdict names the seeds it needs.
-REAL_STUDIES = ("main_results", "algorithms", "ablations")
+REAL_STUDIES = ("main_results", "algorithms", "ablations", "sensitivity")
 # Evaluations during training, every n steps, by study (the others: at the start and the end only). T1's feed F2's
 # curves and the time to GRPO's accuracy: every 8 of its 16 steps. One evaluation (512 samples) takes ~34 s here: at
 # R1's every 4, a seed's 21 evaluations took ~10 of its 26 minutes and T1 79. Every 8 keeps the evaluations of steps 8
 # and 16 with their sampling seeds (dppo.trainer.eval_seed) and drops those of steps 4 and 12.
 REAL_EVAL_EVERY = {"main_results": 8}
-REAL_SEEDS = {"main_results": (0, 1, 2), "algorithms": (0, 1)}  # a study's seeds (others: seed 0)
+# A study's seeds (the others: seed 0). T5 keeps one: a second (31 min) would take the profile past its 4 hours.
+REAL_SEEDS = {"main_results": (0, 1, 2), "algorithms": (0, 1), "ablations": (0, 1)}
 # Minutes a real-model run of each study takes on 2 cores, training and evaluations, measured (2026-12-05): T1's 5
 # runs of a seed took 21.7-23.8 min in turn (mean 23.0; GRPO ~5, DPPO ~3 minutes of training; evaluated every 8 steps),
-# T2's 6 runs 36.9 (3 of them unpruned; evaluated at the start and the end), T4/T5's 15 runs 58.8 (in 3 groups of 5).
+# T2's 6 runs 36.9 (3 of them unpruned; evaluated at the start and the end), T4 and T5's 15 runs 58.8 (seed 0, in 3
+# groups of 5; T4 7 of them, T5 8 more and T4's GRPO and DPPO), T4's 7 of seed 1 27.2 (3.9 a run again).
 # What --profile real --dry-run estimates with.
-REAL_RUN_MINUTES = {"main_results": 23.0 / 5, "algorithms": 36.9 / 6, "ablations": 58.8 / 15}
+REAL_RUN_MINUTES = {"main_results": 23.0 / 5, "algorithms": 36.9 / 6, "ablations": 58.8 / 15, "sensitivity": 58.8 / 15}
 # The fields in which R1's configs differ from the CPU profile's and that are not the study setup: what makes a run
 # R1's model and task. Read from the YAML files (the one place they are written), so R1 and the real profile agree.
 _REAL_PAIRS = (("experiments/cpu/grpo.yaml", "experiments/cpu/real_grpo.yaml"),
@@ -491,7 +499,9 @@ def study_layouts(study: str, configs: dict | None = None, overrides: dict | Non
         layouts = {"T3": apply(t3_runs(*model_labels),
                                lambda sub: {"model_name_or_path": large_model} if "large" in sub else {})}
     elif study == "ablations":
-        layouts = {"T4": apply(T4_RUNS), "T5": apply(t5_runs(rates))}
+        layouts = {"T4": apply(T4_RUNS)}
+    elif study == "sensitivity":
+        layouts = {"T5": apply(t5_runs(rates))}
     elif study == "real_model":
         layouts = {"R1": apply(REAL_RUNS)}
     else:

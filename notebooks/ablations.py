@@ -14,15 +14,14 @@
 # ---
 
 # %% [markdown]
-# # T4 and T5 — ablations and the r_q x r_o sensitivity grid
-# T4: DPPO with only the prompt stage, only the completion stage, both; without the 1/pi weights (biased
-# DPPO); without Dense Prompt Packing. T5: a 3 x 3 grid of prompt and completion pruning rates (the paper
-# scale grid is {0.3, 0.5, 0.7, 0.9}^2; pass `rates` to change it). All short CPU-scale runs.
+# # T4 — DPPO's ablations
+# DPPO with only the prompt stage, only the completion stage, both; without the 1/pi weights; without Dense Prompt
+# Packing; with proportional inclusion at the same budget. Short CPU-scale runs. Its GRPO and DPPO are also T5's
+# baseline and r_q = r_o = 0.5 cell (`notebooks/sensitivity.ipynb`): whichever of the two runs first trains them.
 
 # %% tags=["parameters"]
 import os
 
-rates = [0.3, 0.5, 0.7]  # r_q and r_o of the T5 grid
 configs = {}  # YAML files by row label or by the CPU config they replace (paper profile: its Qwen3 recipes)
 overrides = {}  # TrainConfig fields for every run where valid (what is left out is reported): not a pruning
 # field the row's pruner ignores, nor a field the row sets beyond the study setup (T4's stage, T5's rates, T2's algorithm)
@@ -36,29 +35,20 @@ seeds = [0]  # each run is trained once per seed (the real profile: studies.REAL
 # %%
 from IPython.display import Markdown, display
 
-from dppo import figures, results, studies, tables
+from dppo import results, studies, tables
 
-if smoke:
-    rates = list(studies.T5_SMOKE_RATES)
 out = results.figures_dir(smoke, profile, results_dir)
-layouts = studies.study_layouts("ablations", configs=configs, overrides=overrides, rates=rates)
-# both tables' runs of a seed train in turn, step by step (one group): every speed-up meets its baseline's load
-runs = results.run_layout({**layouts["T4"], **layouts["T5"]}, seeds=seeds, smoke=smoke, launch=launch,
-                          root=results_dir, profile=profile)
-runs4, runs5 = ({label: runs[label] for label in layouts[t]} for t in ("T4", "T5"))
-t4 = tables.build(studies.TABLES["T4"], layouts["T4"], runs4, out, profile)  # the registry's recipe (studies.Table)
+layout = studies.study_layouts("ablations", configs=configs, overrides=overrides)["T4"]
+# a seed's runs train in turn, step by step (as many together as fit in memory): a speed-up meets its baseline's load
+runs4 = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile)
+t4 = tables.build(studies.TABLES["T4"], layout, runs4, out, profile)  # the registry's recipe (studies.Table)
 display(Markdown((out / "T4_ablations.md").read_text()))
-
-# %%
-t5 = tables.build(studies.TABLES["T5"], layouts["T5"], runs5, out, profile)
-display(Markdown((out / "T5_sensitivity.md").read_text()))
-fig = figures.figure_t5(t5, rates, out=out)
 
 # %% [markdown]
 # ## What these runs show beside the paper
-# Each ablation and each grid cell against GRPO, computed from the tables above. One seed: a speed-up is one
-# paired measurement (its runs trained in turn, step by step, on one layout), and an accuracy difference of a few
-# points is within the seed-to-seed spread (T1's 3 seeds).
+# Each ablation against GRPO, computed from the table above. With one seed a speed-up is one paired measurement
+# (its runs trained in turn, step by step, on one layout), and an accuracy difference of a few points is within the
+# seed-to-seed spread (T1's 3 seeds); the table's intervals count the seeds it has.
 
 # %%
 full = "DPPO (prompt + completion, 1/pi, packing)"
@@ -66,9 +56,7 @@ sp = t4["speedup"]
 display(Markdown(
     f"- Speed-up of the full method {sp[full]:.2f}x; prompt stage alone {sp['prompt stage only']:.2f}x, "
     f"completion stage alone {sp['completion stage only']:.2f}x; without Dense Prompt Packing "
-    f"{sp['without Dense Prompt Packing']:.2f}x.\n"
-    f"- Grid: speed-up from {t5['speedup'].drop('GRPO').min():.2f}x to {t5['speedup'].drop('GRPO').max():.2f}x "
-    f"(highest at {t5['speedup'].drop('GRPO').idxmax()}).\n" + tables.sentences(t4, "GRPO", "T4")))
+    f"{sp['without Dense Prompt Packing']:.2f}x.\n" + tables.sentences(t4, "GRPO", "T4")))
 
 # %%
 assert {"prompt stage only", "completion stage only", "without 1/pi weights"} <= set(t4.index)
@@ -80,7 +68,6 @@ refill = results.load_run(runs4[full][0]).query("step > 0")
 per_step = results.load_run(runs4["GRPO"][0]).query("step > 0")["prompts/covered"].max()
 assert (no_refill["prompts/covered"] <= per_step).all(), no_refill["prompts/covered"]
 assert len(refill) <= len(no_refill), (len(refill), len(no_refill))
-assert len(t5) == 1 + len(rates) ** 2
 # each ablation does what its label says, at every step: one stage only prunes only at that stage; without 1/pi the
 # kept rows weigh exactly 1
 steps = {label: results.load_run(dirs[0]).query("step > 0") for label, dirs in runs4.items()}

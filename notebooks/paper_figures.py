@@ -48,7 +48,7 @@ params_of = toy.study_params if toy.active() else lambda study: studies.profile_
 ran = [s for s in studies.STUDIES if (s.name in studies.REAL_STUDIES if profile == "real" else s.in_default_run)]
 seeds = {s.name: (s.seeds[:2] if smoke else params_of(s.name).get("seeds", s.seeds) if paper else s.seeds)
          for s in studies.STUDIES}
-rates = list(studies.T5_SMOKE_RATES if smoke else params_of("ablations").get("rates", studies.T5_RATES)
+rates = list(studies.T5_SMOKE_RATES if smoke else params_of("sensitivity").get("rates", studies.T5_RATES)
              if paper else studies.T5_RATES)
 missing = []
 
@@ -56,7 +56,7 @@ missing = []
 def layout(study: str, table: str) -> dict:
     """The table's runs and row labels as the study trained them (the paper profile: with its parameter file)."""
     params = studies.layout_params(params_of(study)) if paper else {}
-    return studies.study_layouts(study, **{**params, **({"rates": rates} if study == "ablations" else {})})[table]
+    return studies.study_layouts(study, **{**params, **({"rates": rates} if study == "sensitivity" else {})})[table]
 
 
 def root_of(study: str) -> Path:
@@ -146,8 +146,8 @@ display(Markdown("### F1: the method"), Image(filename=str(out / f"{studies.FIGU
 # %%
 assert (out / f"{studies.FIGURE_F1}.png").is_file()
 print("tables rebuilt identical to the study notebooks':", compared or "none written after their runs")
-if smoke:  # the test command runs the study notebooks first (T3's after this one), each into a clean folder
-    assert {"T1_main_results", "T2_algorithms", "T4_ablations", "T5_sensitivity"} <= set(compared), compared
+if smoke:  # the test command runs the study notebooks first (tests/conftest.py), each into a clean folder
+    assert {t.name for s in ran for t in s.tables} <= set(compared), compared
 if complete and not smoke:  # every table and figure of the studies ./reproduce.sh --profile P runs without --study
     assert not missing, missing  # (studies.DEFAULT_RUN; real: REAL_STUDIES), and of no other (R1's only when real_model is named):
     made = [f"{t.name}{end}" for s in ran for t in s.tables  # with every run there, this notebook

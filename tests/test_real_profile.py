@@ -76,11 +76,18 @@ def test_dry_run_lists_the_real_runs_and_their_minutes():
     done = subprocess.run(["bash", "reproduce.sh", "--profile", "real", "--dry-run"], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    earlier: set[str] = set()
     for study in studies.REAL_STUDIES:
-        n = len(real_runs(study))
+        alone = set(real_runs(study))
+        n = len(alone - earlier)  # a run an earlier study trains (T5's GRPO and DPPO are T4's) counts there
+        earlier |= alone
         assert f"papermill notebooks/{study}.ipynb" in done.stdout
         line = next(ln for ln in done.stdout.splitlines() if ln.startswith(f"{study} "))
         assert f"{n:3d} runs ~{n * studies.REAL_RUN_MINUTES[study]:.0f} min" in line, line
+        # each study within 75 minutes on 2 cores, even run alone (--study NAME: every run of its own)
+        assert len(alone) * studies.REAL_RUN_MINUTES[study] <= 75, (study, len(alone))
+    total = next(ln for ln in done.stdout.splitlines() if ln.startswith("total "))
+    assert int(total.split("~")[1].split()[0]) <= 235, total  # the profile within 4 hours, with bootstrap and tables
     assert "scale" not in [ln.split()[0] for ln in done.stdout.splitlines() if ln.endswith(" min")]
 
 

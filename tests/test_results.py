@@ -100,7 +100,8 @@ def test_study_overrides_apply_only_where_valid_and_every_run_stays_a_valid_conf
     notes: list[str] = []
     over = {"prompt_prune_rate": 0.3, "completion_prune_rate": 0.6, "epochs": 1, "lr": 2e-4}
     layouts = {**studies.study_layouts("main_results", overrides=over, report=notes.append),
-               **studies.study_layouts("ablations", overrides=over, report=notes.append)}
+               **studies.study_layouts("ablations", overrides=over, report=notes.append),
+               **studies.study_layouts("sensitivity", overrides=over, report=notes.append)}
     for table, layout in layouts.items():
         for label, (config, fields, _) in layout.items():
             cfg = TrainConfig.load(ROOT / config, fields)  # raised ConfigError before: a rate on the GRPO row
