@@ -16,6 +16,7 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -168,13 +169,15 @@ def _saved_config(out: Path) -> TrainConfig | None:
 
 
 def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | None = None,
-               root: str | Path = "", profile: str = "cpu") -> dict[str, list[Path]]:
+               root: str | Path = "", profile: str = "cpu",
+               baseline: Callable[[str], str] | None = None) -> dict[str, list[Path]]:
     """Train every run of a study layout (`dppo.studies`) for every seed under `study_root(root, smoke, profile)`
     (finished runs are skipped); {label: [run folder per seed]}. On CPU in this process (no `launch`) the runs of one
     seed — every run a table compares with its baseline of that seed — are trained in turn, step by step
     (`dppo.paired`), so a burst of load hits both sides of each speed-up alike (held in memory together: as many as
-    fit, `in_turn_chunks`; every embedded run of a seed, 5 of SmolLM2's on 24 GB); launched runs (one process group
-    each), GPU runs and vLLM runs go one after the other. Progress goes to the progress file (`dppo.progress`)."""
+    fit, `in_turn_chunks`, each run with its `baseline` where they fit; every embedded run of a seed, 5 of SmolLM2's
+    on 24 GB); launched runs (one process group each), GPU runs and vLLM runs go one after the other. Progress goes to
+    the progress file (`dppo.progress`)."""
     from dppo.rollout import rollout_backend
 
     root = study_root(root, smoke, profile)
@@ -196,7 +199,7 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
         together = not launch and rollout_backend(cfg.rollout_backend).samples_training_model and not _cuda()
         groups.setdefault(("seed", cfg.seed) if together else ("alone", i), []).append((label, cfg))
     groups = {(key, part): chunk for key, group in groups.items()
-              for part, chunk in enumerate(in_turn_chunks(group, psutil.virtual_memory().available))}
+              for part, chunk in enumerate(in_turn_chunks(group, psutil.virtual_memory().available, baseline))}
     trained = 0.0
     for n, group in enumerate(groups.values(), 1):
         names = ", ".join(f"{label}, seed {cfg.seed} -> {Path(cfg.output_dir).relative_to(root)}" for label, cfg in group)
@@ -218,13 +221,17 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
     return out
 
 
-def in_turn_chunks(group: list[tuple[str, TrainConfig]],
-                   available_bytes: float) -> list[list[tuple[str, TrainConfig]]]:
-    """A seed's runs split into as few groups trained in turn as fit in memory, of balanced sizes, in order: each run
-    held in turn keeps its fp32 weights, gradients and AdamW's moments (IN_TURN_BYTES_PER_PARAM), and all of them may
-    take IN_TURN_MEMORY_FRACTION of `available_bytes` (rollouts, activations and evaluation beside). The embedded
-    models' runs all fit in one group; 15 SmolLM2 runs (32 GB) on a 24 GB machine go in 3 groups of 5. A run whose
-    model size the name does not give (`dppo.studies.model_params`) keeps the group whole."""
+def in_turn_chunks(group: list[tuple[str, TrainConfig]], available_bytes: float,
+                   baseline: Callable[[str], str] | None = None) -> list[list[tuple[str, TrainConfig]]]:
+    """A seed's runs split into groups trained in turn that fit in memory, in order: each run held in turn keeps its
+    fp32 weights, gradients and AdamW's moments (IN_TURN_BYTES_PER_PARAM), and all of them may take
+    IN_TURN_MEMORY_FRACTION of `available_bytes` (rollouts, activations and evaluation beside). A wall-clock speed-up is
+    paired only within a group (the host's speed drifts between groups: docs/results.md, T5 from a fresh clone), so
+    with `baseline` (a row label -> the label it is compared with: `dppo.studies.Table.baseline`) a baseline and its
+    rows are kept in one group where they fit, whole units packed in order (T2's 6 runs: X and X + DPPO together, 4
+    and 2); a unit larger than a group is split, its baseline in the first part. Without it: as few groups as fit, of
+    balanced sizes (15 SmolLM2 runs, 32 GB, on a 24 GB machine: 3 groups of 5). The embedded models' runs all fit in
+    one group; a run whose model size the name does not give (`dppo.studies.model_params`) keeps the group whole."""
     from dppo.studies import model_params
 
     try:
@@ -232,9 +239,22 @@ def in_turn_chunks(group: list[tuple[str, TrainConfig]],
     except ValueError:
         return [group]
     fit = max(1, int(available_bytes * IN_TURN_MEMORY_FRACTION // per_run))
-    parts = math.ceil(len(group) / fit)
-    size = math.ceil(len(group) / parts)
-    return [group[i:i + size] for i in range(0, len(group), size)]
+    if baseline is None or len(group) <= fit:
+        parts = math.ceil(len(group) / fit)
+        size = math.ceil(len(group) / parts)
+        return [group[i:i + size] for i in range(0, len(group), size)]
+    labels = {label for label, _ in group}
+    units: dict[str, list[tuple[str, TrainConfig]]] = {}  # baseline label -> it and its rows, in order
+    for label, cfg in group:
+        units.setdefault(baseline(label) if baseline(label) in labels else label, []).append((label, cfg))
+    chunks: list[list[tuple[str, TrainConfig]]] = []
+    for unit in units.values():
+        for piece in (unit[i:i + fit] for i in range(0, len(unit), fit)):
+            if chunks and len(chunks[-1]) + len(piece) <= fit:
+                chunks[-1] += piece
+            else:
+                chunks.append(list(piece))
+    return chunks
 
 
 def _cuda() -> bool:

@@ -42,7 +42,8 @@ from IPython.display import Markdown, display
 from dppo import results, studies, tables
 
 layout = studies.study_layouts("algorithms", configs=configs, overrides=overrides)["T2"]
-runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile)
+runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
+                          baseline=studies.TABLES["T2"].baseline)  # a run with its baseline, where they fit
 out = results.figures_dir(smoke, profile, results_dir)
 t2 = tables.build(studies.TABLES["T2"], layout, runs, out, profile)  # each X + DPPO against X (dppo.studies.Table)
 display(Markdown((out / "T2_algorithms.md").read_text()))

@@ -48,7 +48,8 @@ if smoke:
     seeds = seeds[:2]  # two seeds still give intervals
 layout = studies.study_layouts("main_results", configs=configs, overrides=overrides, long_epochs=long_epochs,
                                 shared_rows=shared_rows)["T1"]
-runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile)
+runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
+                          baseline=studies.TABLES["T1"].baseline)  # a run with its baseline, where they fit
 out = results.figures_dir(smoke, profile, results_dir)
 t1 = tables.build(studies.TABLES["T1"], layout, runs, out, profile)  # its recipe: the registry's (dppo.studies.Table)
 equal = pd.read_csv(out / "T1_main_results_equal_compute.csv", index_col=0)

@@ -45,7 +45,8 @@ from dppo import figures, results, studies, tables
 if smoke:
     seeds = seeds[:1]  # one seed: the real model's steps are slow; intervals over seeds are tested by main_results
 layout = studies.study_layouts("real_model", configs=configs, overrides=overrides, shared_rows=shared_rows)["R1"]
-runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile)
+runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
+                          baseline=studies.TABLES["R1"].baseline)  # a run with its baseline, where they fit
 out = results.figures_dir(smoke, profile, results_dir)
 r1 = tables.build(studies.TABLES["R1"], layout, runs, out, profile)  # its recipe: the registry's (dppo.studies.Table)
 equal = pd.read_csv(out / "R1_real_model_equal_compute.csv", index_col=0)

@@ -43,7 +43,8 @@ from dppo import results, studies, tables
 
 layout = studies.study_layouts("scale", configs=configs, overrides=overrides, large_model=large_model,
                                model_labels=model_labels)["T3"]
-runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir, profile=profile)
+runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir, profile=profile,
+                          baseline=studies.TABLES["T3"].baseline)  # a run with its baseline, where they fit
 out = results.figures_dir(smoke, profile, results_dir)
 small, large = model_labels
 t3 = tables.build(studies.TABLES["T3"], layout, runs, out, profile)  # each DPPO against its model's GRPO

@@ -45,7 +45,8 @@ if smoke:
 out = results.figures_dir(smoke, profile, results_dir)
 layout = studies.study_layouts("sensitivity", configs=configs, overrides=overrides, rates=rates)["T5"]
 # a seed's runs train in turn, step by step (as many together as fit in memory): a speed-up meets its baseline's load
-runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile)
+runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
+                          baseline=studies.TABLES["T5"].baseline)  # a run with its baseline, where they fit
 t5 = tables.build(studies.TABLES["T5"], layout, runs, out, profile)  # the registry's recipe (studies.Table)
 display(Markdown((out / "T5_sensitivity.md").read_text()))
 fig = figures.figure_t5(t5, rates, out=out)
