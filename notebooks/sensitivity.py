@@ -44,7 +44,8 @@ if smoke:
     rates = list(studies.T5_SMOKE_RATES)
 out = results.figures_dir(smoke, profile, results_dir)
 layout = studies.study_layouts("sensitivity", configs=configs, overrides=overrides, rates=rates)["T5"]
-# a seed's runs train in turn, step by step (as many together as fit in memory): a speed-up meets its baseline's load
+# a seed's runs train in turn, step by step, as many together as fit in memory: a wall-clock speed-up is paired only
+# within a group, and GRPO's 6-9 rows here can span two (docs/results.md)
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
                           baseline=studies.TABLES["T5"].baseline)  # a run with its baseline, where they fit
 t5 = tables.build(studies.TABLES["T5"], layout, runs, out, profile)  # the registry's recipe (studies.Table)
