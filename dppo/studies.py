@@ -237,11 +237,12 @@ T2_RUNS = {f"{alg.upper()}{' + DPPO' if d else ''}": (
 # T4 and T5 train their own GRPO and DPPO (under ablations/, not T3's short/ runs), and share them: T5's baseline and
 # its r_q = r_o = 0.5 cell are T4's GRPO and DPPO, trained by whichever of the two studies runs first (the other finds
 # them finished). Each study trains its runs of a seed in turn, step by step (results.run_layout), as many together
-# as fit in memory; a step whose load differs from its baseline's is flagged (results.contended_steps) and its pair
-# left out of the wall-clock means. Two studies, not one: the real profile's 15 runs a seed, at 2 seeds, would take
-# ~2 hours in one notebook (each study of the profile must fit 75 minutes). Each ablation changes one thing: "without
-# 1/pi weights" keeps DPPO's masks and Z (dppo_unweighted; dppo_biased would change Z too), "without Dense Prompt
-# Packing" keeps the layout and drops refill.
+# as fit in memory: a wall-clock pair is fair only within a group (the host drifts between groups, which the
+# contention rule cannot see: docs/results.md), and on the real model GRPO's 6 (T4) or 9 (T5) rows span more than one.
+# Two studies, not one: the real profile's 15 runs a seed, at 2 seeds, would take ~2 hours in one notebook (each study
+# of the profile must fit 75 minutes). Each ablation changes one thing: "without 1/pi weights" keeps DPPO's masks and
+# Z (dppo_unweighted; dppo_biased would change Z too), "without Dense Prompt Packing" keeps the layout and drops
+# refill.
 _AB = {"GRPO": (_G, SHORT, "ablations/grpo"), "DPPO": (_D, _SHORT_DPPO, "ablations/dppo")}
 T4_RUNS = {
     "GRPO": _AB["GRPO"],
@@ -353,10 +354,14 @@ REAL_STUDIES = ("main_results", "algorithms", "ablations", "sensitivity")
 REAL_EVAL_EVERY = {"main_results": 8}
 # A study's seeds (the others: seed 0). T5 keeps one: a second (31 min) would take the profile past its 4 hours.
 REAL_SEEDS = {"main_results": (0, 1, 2), "algorithms": (0, 1), "ablations": (0, 1)}
+# A study's own papermill parameters under the real profile: T1 without its shared-prompt rows (R1 has them) and without
+# its longer DPPO run (the time to GRPO's accuracy stands for it).
+REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0}}
 # Minutes a real-model run of each study takes on 2 cores, training and evaluations, measured (2026-12-05): T1's 5
 # runs of a seed took 21.7-23.8 min in turn (mean 23.0; GRPO ~5, DPPO ~3 minutes of training; evaluated every 8 steps),
 # T2's 6 runs 36.9 (3 of them unpruned; evaluated at the start and the end), T4 and T5's 15 runs 58.8 (seed 0, in 3
-# groups of 5; T4 7 of them, T5 8 more and T4's GRPO and DPPO), T4's 7 of seed 1 27.2 (3.9 a run again).
+# groups of 5; T4 7 of them, T5 8 more and T4's GRPO and DPPO), T4's 7 of seed 1 27.2 (3.9 a run again), T5 alone
+# from a fresh clone, its 10 runs with T4's GRPO and DPPO, 39.9 (4.0 a run).
 # What --profile real --dry-run estimates with.
 REAL_RUN_MINUTES = {"main_results": 23.0 / 5, "algorithms": 36.9 / 6, "ablations": 58.8 / 15, "sensitivity": 58.8 / 15}
 # The fields in which R1's configs differ from the CPU profile's and that are not the study setup: what makes a run
@@ -384,16 +389,15 @@ def real_overrides() -> dict:
 def real_params(study: str) -> dict:
     """The papermill parameters of a study under the real profile ({} for a study it does not run): R1's model and
     task over every row (`real_overrides`), R1's setup (evaluated during training in T1 only, for F2 and the time to
-    GRPO's accuracy; no checkpoint kept after final/: 36 runs would keep 58 GB), no shared-prompt rows (R1 has them),
-    no longer DPPO run (the time to GRPO's accuracy stands for it)."""
+    GRPO's accuracy; no checkpoint kept after final/: 36 runs would keep 58 GB), the study's own parameters
+    (REAL_STUDY_PARAMS) and its seeds (REAL_SEEDS)."""
     if study == "paper_figures":
         return {"profile": "real"}
     if study not in REAL_STUDIES:
         return {}
     setup = {**REAL_SETUP, "eval_every": REAL_EVAL_EVERY.get(study, 1000)}  # curves: F2's only
     setup = {**setup, "keep_checkpoints_after_final": False}  # 1.6 GB a run once final/ (0.5 GB) is written
-    t1 = {"shared_rows": False, "long_epochs": 0} if study == "main_results" else {}  # T1's notebook's parameters
-    return {"overrides": {**real_overrides(), **setup}, "profile": "real", **t1,
+    return {"overrides": {**real_overrides(), **setup}, "profile": "real", **REAL_STUDY_PARAMS.get(study, {}),
             "seeds": list(REAL_SEEDS.get(study, (0,)))}
 
 

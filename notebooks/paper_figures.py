@@ -146,7 +146,7 @@ display(Markdown("### F1: the method"), Image(filename=str(out / f"{studies.FIGU
 # %%
 assert (out / f"{studies.FIGURE_F1}.png").is_file()
 print("tables rebuilt identical to the study notebooks':", compared or "none written after their runs")
-if smoke:  # the test command runs the study notebooks first (tests/conftest.py), each into a clean folder
+if smoke:  # the test command runs the study notebooks first (notebooks/conftest.py), each into a clean folder
     assert {t.name for s in ran for t in s.tables} <= set(compared), compared
 if complete and not smoke:  # every table and figure of the studies ./reproduce.sh --profile P runs without --study
     assert not missing, missing  # (studies.DEFAULT_RUN; real: REAL_STUDIES), and of no other (R1's only when real_model is named):
