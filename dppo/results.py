@@ -41,6 +41,8 @@ OTHER_CORES_LIMIT = 0.25
 # available when a study starts.
 IN_TURN_BYTES_PER_PARAM = 16
 IN_TURN_MEMORY_FRACTION = 0.6
+IN_TURN_FILE = "in_turn.json"  # in each run folder trained in turn: the groups it trained in (record_in_turn)
+TWIN = "{} (timing twin)"  # the label of a baseline trained again beside rows it did not train with (in_turn_chunks)
 # A study notebook at smoke size (tests): seconds per run.
 SMOKE = dict(train_size=24, epochs=1, max_steps=2, eval_size=4, eval_samples=1, eval_every=1000, save_every=1000,
              prompts_per_step=8, group_size=4)
@@ -109,12 +111,7 @@ def _trainer_class():
 def prepare(config: str | Path, output_dir: str | Path, smoke: bool = False, **overrides) -> TrainConfig | None:
     """The config `run` trains into `output_dir`, its folder made ready (`code.sha256` written; a stale final/
     removed); None when the folder already holds this run finished by this code."""
-    from dppo.config import TrainConfig
-
-    fields = {**(SMOKE if smoke else {}), **overrides, "output_dir": str(output_dir)}
-    cfg = TrainConfig.load(ROOT / config, fields)
-    if toy.active():
-        cfg = toy.apply(cfg)
+    cfg = _config(config, output_dir, smoke, **overrides)
     out = Path(output_dir)
     before = _saved_config(out)
     code = (out / CODE_FILE).read_text().strip() if (out / CODE_FILE).is_file() else None
@@ -138,6 +135,14 @@ STORAGE_FIELDS = ("resume", "keep_checkpoints", "keep_checkpoints_after_final")
 # editing them leaves every trained run valid. Every other module (a new one too) is part of `code_hash`.
 REPORTING_MODULES = ("budget.py", "case_study.py", "figures.py", "readme.py", "results.py", "studies.py", "tables.py",
                      "variance.py")
+
+
+def _config(config: str | Path, output_dir: str | Path, smoke: bool = False, **overrides) -> TrainConfig:
+    """The config `run` trains into `output_dir` (`prepare` without touching the folder)."""
+    from dppo.config import TrainConfig
+
+    cfg = TrainConfig.load(ROOT / config, {**(SMOKE if smoke else {}), **overrides, "output_dir": str(output_dir)})
+    return toy.apply(cfg) if toy.active() else cfg
 
 
 def _same_run(before: TrainConfig, cfg: TrainConfig, out: Path) -> bool:
@@ -186,8 +191,10 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
     for label, _, _, folder in todo:
         out.setdefault(label, []).append(folder)
     groups: dict[object, list[tuple[str, TrainConfig]]] = {}
+    specs: dict[tuple[int, str], tuple[str, dict, Path]] = {}  # (seed, label) -> config, overrides, folder
     seen: set[Path] = set()
     for i, (label, config, over, folder) in enumerate(todo):
+        specs[over["seed"], label] = (config, over, folder)
         if folder in seen:  # one run under two labels (T4's DPPO is T5's r_q = r_o = 0.5): it trains once
             continue
         seen.add(folder)
@@ -198,13 +205,31 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
         # in turn: CPU runs in this process (on a GPU each run needs the device's memory for itself)
         together = not launch and rollout_backend(cfg.rollout_backend).samples_training_model and not _cuda()
         groups.setdefault(("seed", cfg.seed) if together else ("alone", i), []).append((label, cfg))
-    groups = {(key, part): chunk for key, group in groups.items()
-              for part, chunk in enumerate(in_turn_chunks(group, psutil.virtual_memory().available, baseline))}
+    chunks, in_turn = [], []
+    for key, group in groups.items():
+        configs = {label: _config(c, f, smoke, **o) for (seed, label), (c, o, f) in specs.items()
+                   if key[0] == "seed" and seed == key[1]}
+        parts = in_turn_chunks(group, psutil.virtual_memory().available, baseline, configs)
+        chunks += parts
+        in_turn += [key[0] == "seed"] * len(parts)
+    twin_of: dict[Path, Path] = {}
+    twins = {(seed, TWIN.format(label)): label for seed, label in specs}
+    for chunk in chunks:  # a timing twin trains in its own folder beside the baseline's, named for its first row
+        for j, (label, cfg) in enumerate(chunk):
+            if (cfg.seed, label) in twins:
+                base = twins[cfg.seed, label]
+                config, over, folder = specs[cfg.seed, base]
+                row = next(Path(c.output_dir).parent.name for x, c in chunk
+                           if baseline(x) == base and x not in (base, label))
+                twin = folder.with_name(f"{folder.name}_timing_{row}")
+                chunk[j] = (label, prepare(config, twin, smoke, **over))
+                twin_of[twin] = folder
+        chunk[:] = [(label, cfg) for label, cfg in chunk if cfg is not None]  # a twin finished earlier
     trained = 0.0
-    for n, group in enumerate(groups.values(), 1):
+    for n, group in enumerate(chunks, 1):
         names = ", ".join(f"{label}, seed {cfg.seed} -> {Path(cfg.output_dir).relative_to(root)}" for label, cfg in group)
-        eta = f"; about {trained / (n - 1) * (len(groups) - n + 1) / 60:.0f} min left" if n > 1 else ""
-        progress.note(f"training {n}/{len(groups)}: {names}" + (" (in turn, step by step)" if len(group) > 1 else "")
+        eta = f"; about {trained / (n - 1) * (len(chunks) - n + 1) / 60:.0f} min left" if n > 1 else ""
+        progress.note(f"training {n}/{len(chunks)}: {names}" + (" (in turn, step by step)" if len(group) > 1 else "")
                       + eta)
         t0 = time.perf_counter()
         if launch:
@@ -214,24 +239,31 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
         else:
             from dppo.paired import fit_in_turn
 
+            if in_turn[n - 1]:  # which runs shared the machine's clock (tables pair wall-clock speed-ups within one)
+                record_in_turn([Path(cfg.output_dir) for _, cfg in group], root, twin_of,
+                               f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {n}/{len(chunks)}")
             trainer = _trainer_class()
             fit_in_turn([lambda cfg=cfg: trainer(cfg) for _, cfg in group])
         trained += time.perf_counter() - t0
-        progress.note(f"training {n}/{len(groups)} done in {time.perf_counter() - t0:.0f} s")
+        progress.note(f"training {n}/{len(chunks)} done in {time.perf_counter() - t0:.0f} s")
     return out
 
 
 def in_turn_chunks(group: list[tuple[str, TrainConfig]], available_bytes: float,
-                   baseline: Callable[[str], str] | None = None) -> list[list[tuple[str, TrainConfig]]]:
+                   baseline: Callable[[str], str] | None = None,
+                   configs: dict[str, TrainConfig] | None = None) -> list[list[tuple[str, TrainConfig]]]:
     """A seed's runs split into groups trained in turn that fit in memory, in order: each run held in turn keeps its
     fp32 weights, gradients and AdamW's moments (IN_TURN_BYTES_PER_PARAM), and all of them may take
     IN_TURN_MEMORY_FRACTION of `available_bytes` (rollouts, activations and evaluation beside). A wall-clock speed-up is
     paired only within a group (the host's speed drifts between groups: docs/results.md, T5 from a fresh clone), so
     with `baseline` (a row label -> the label it is compared with: `dppo.studies.Table.baseline`) a baseline and its
     rows are kept in one group where they fit, whole units packed in order (T2's 6 runs: X and X + DPPO together, 4
-    and 2); a unit larger than a group is split, its baseline in the first part. Without it: as few groups as fit, of
-    balanced sizes (15 SmolLM2 runs, 32 GB, on a 24 GB machine: 3 groups of 5). The embedded models' runs all fit in
-    one group; a run whose model size the name does not give (`dppo.studies.model_params`) keeps the group whole."""
+    and 2). Where a unit does not fit (T4: one GRPO, 6 rows) or its baseline trained earlier (T5's cells, after T4),
+    each group of its rows without the baseline also trains the baseline's timing twin — label `TWIN.format(base)`,
+    the baseline's config from `configs` (the seed's runs by label, finished ones too), its folder set by the caller —
+    the same run again, whose clock the rows' speed-ups use (`timed_with`). Without `baseline`: as few groups as fit,
+    of balanced sizes (15 SmolLM2 runs, 32 GB, on a 24 GB machine: 3 groups of 5). The embedded models' runs all fit
+    in one group; a run whose model size the name does not give (`dppo.studies.model_params`) keeps the group whole."""
     from dppo.studies import model_params
 
     try:
@@ -239,22 +271,75 @@ def in_turn_chunks(group: list[tuple[str, TrainConfig]], available_bytes: float,
     except ValueError:
         return [group]
     fit = max(1, int(available_bytes * IN_TURN_MEMORY_FRACTION // per_run))
-    if baseline is None or len(group) <= fit:
+    configs = configs or {}
+    labels = {label for label, _ in group}
+    if baseline is None or (len(group) <= fit and all(baseline(label) in labels or baseline(label) not in configs
+                                                      for label in labels)):
         parts = math.ceil(len(group) / fit)
         size = math.ceil(len(group) / parts)
         return [group[i:i + size] for i in range(0, len(group), size)]
-    labels = {label for label, _ in group}
     units: dict[str, list[tuple[str, TrainConfig]]] = {}  # baseline label -> it and its rows, in order
     for label, cfg in group:
-        units.setdefault(baseline(label) if baseline(label) in labels else label, []).append((label, cfg))
+        base = baseline(label)
+        units.setdefault(base if base in labels or base in configs else label, []).append((label, cfg))
     chunks: list[list[tuple[str, TrainConfig]]] = []
-    for unit in units.values():
-        for piece in (unit[i:i + fit] for i in range(0, len(unit), fit)):
-            if chunks and len(chunks[-1]) + len(piece) <= fit:
+    for base, unit in units.items():
+        rows = sorted(unit, key=lambda run: run[0] != base)  # the baseline first, where it trains here
+        pieces = []
+        if rows[0][0] == base:
+            pieces.append(rows[:fit])
+            rows = rows[fit:]
+        twin = [(TWIN.format(base), configs[base])] if base in configs and fit > 1 else []
+        pieces += [twin + rows[i:i + fit - len(twin)] for i in range(0, len(rows), fit - len(twin))]
+        for piece in pieces:
+            timed = chunks and any(label in (base, TWIN.format(base)) for label, _ in chunks[-1])
+            if twin and timed and piece[0] == twin[0] and len(chunks[-1]) + len(piece) - 1 <= fit:
+                chunks[-1] += piece[1:]  # the group before holds the baseline (or its twin) already
+            elif chunks and len(chunks[-1]) + len(piece) <= fit:
                 chunks[-1] += piece
             else:
                 chunks.append(list(piece))
     return chunks
+
+
+def record_in_turn(group: list[Path], root: Path, twin_of: dict[Path, Path], sitting: str) -> None:
+    """Write each run folder's IN_TURN_FILE: the sittings it trained in, each {"id", "runs": the group's folders
+    relative to `root`}, appended (a resumed run trains in another sitting), and for a timing twin `twin_of` the
+    baseline folder it times. `timed_with` reads them back."""
+    runs = [str(d.relative_to(root)) for d in group]
+    for d in group:
+        path = d / IN_TURN_FILE
+        rec = json.loads(path.read_text()) if path.is_file() else {"self": str(d.relative_to(root)), "sittings": []}
+        rec["sittings"].append({"id": sitting, "runs": runs})
+        if d in twin_of:
+            rec["twin_of"] = str(twin_of[d].relative_to(root))
+        path.write_text(json.dumps(rec, indent=1) + "\n")
+
+
+def _in_turn(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / IN_TURN_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def timed_with(run_dir: str | Path, base_dir: str | Path) -> tuple[Path, str]:
+    """The run whose clock a row's wall-clock and CPU speed-ups divide (docs/method.md §5.1), and how it trained
+    beside the row (IN_TURN_FILE): ("together") its baseline, trained in turn with it in the same sittings;
+    ("twin") the baseline's timing twin that did (`in_turn_chunks`); ("apart") neither: the pair's clocks ran at
+    different times (or one of them has no record), and tables leave its timed speed-ups out; ("unrecorded") neither
+    run has a record (GPU, launched and vLLM runs train one after the other; CPU runs of older dppo): the baseline."""
+    run_dir, base_dir = Path(run_dir), Path(base_dir)
+    mine, base = _in_turn(run_dir), _in_turn(base_dir)
+    if mine is None:
+        return base_dir, "unrecorded" if base is None else "apart"
+    ids = [s["id"] for s in mine["sittings"]]
+    if base is not None and [s["id"] for s in base["sittings"]] == ids:
+        return base_dir, "together"
+    root = Path(*run_dir.parts[:len(run_dir.parts) - len(Path(mine["self"]).parts)])
+    for member in mine["sittings"][-1]["runs"]:
+        twin = _in_turn(root / member)
+        if twin and root / twin.get("twin_of", "") == base_dir and [s["id"] for s in twin["sittings"]] == ids:
+            return root / member, "twin"
+    return base_dir, "apart"
 
 
 def _cuda() -> bool:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dppo.results import OTHER_CORES_LIMIT, PHASES, eval_counts, load_run, summarize
+from dppo.results import OTHER_CORES_LIMIT, PHASES, eval_counts, load_run, summarize, timed_with
 from dppo.studies import FIGURES, PAPER, PAPER_GAIN, PAPER_SPEEDUP, Table, longer_rows
 
 SPEEDUPS = {"speedup": "train_s", "speedup_cpu": "train_cpu_s", "speedup_flops": "train_flops"}
@@ -52,14 +52,22 @@ def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str]) -> pd.
     base_of = baseline if isinstance(baseline, dict) else {label: baseline for label in runs}
     summary = {label: [summarize(d) for d in dirs] for label, dirs in runs.items()}
     first = next(iter(summary.values()))
-    rows = []
+    rows, clocks = [], {}  # clocks: a timing twin's summary by (label, seed) of the row it times
     for label, seeds in summary.items():
         for i, row in enumerate(seeds):
             base = summary[base_of[label]][i]
             row = {"label": label, "seed": _seed_of(runs[label][i], i), **row}
             if pd.isna(row["acc/start"]):  # the baseline's, else the table's first row's (same initial model)
                 row["acc/start"] = base["acc/start"] if pd.notna(base["acc/start"]) else first[i]["acc/start"]
-            row.update({k: base[col] / row[col] for k, col in SPEEDUPS.items()})
+            # the clock of the baseline that trained beside this row (results.timed_with); FLOPs are the baseline's
+            timer, row["timed_with"] = ((runs[label][i], "self") if label == base_of[label]
+                                        else timed_with(runs[label][i], runs[base_of[label]][i]))
+            clock = summarize(timer) if row["timed_with"] == "twin" else base
+            if row["timed_with"] == "twin":
+                clocks[label, row["seed"]] = clock
+            row.update({k: (clock if k in TIMED else base)[col] / row[col] for k, col in SPEEDUPS.items()})
+            if row["timed_with"] == "apart":  # trained at another time than its baseline: not a fair wall-clock pair
+                row.update({k: float("nan") for k in TIMED})
             row["acc_gain"] = row["acc/avg"] - base["acc/avg"]
             rows.append(row)
     df = pd.DataFrame(rows)
@@ -67,20 +75,43 @@ def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str]) -> pd.
         df[c] = df[c].astype(float) * 100
     df["learned"] = df["acc/avg"] - df["acc/start"]  # did training raise accuracy at all (the baseline's row above all)
     df["train_min"] = df["train_s"] / 60
-    # other work beyond the cores the run left free (the machine's cores minus its threads), or a thread that got less
-    # of a core (CPU / wall / threads) than the table's runs typically do
-    df["load/spare_cores"] = (df["cores"] - df["load/threads"]).clip(lower=0.0).fillna(0.0)
-    per_thread = df["train_cpu_s"] / df["train_s"] / df["load/threads"].fillna(1.0)
-    df["contended"] = (df["load/other_cores"] > df["load/spare_cores"] + OTHER_CORES_LIMIT) | \
-        (df["load/contended_frac"] > CONTENDED_FRAC_LIMIT) | (per_thread < 0.75 * per_thread.median())
+    df["load/spare_cores"] = _spare(df)
+    median = _per_thread(df).median()
+    df["contended"] = _contended(df, median)
     flagged = set(zip(df["label"][df["contended"]], df["seed"][df["contended"]]))
     # a pair is also contended when its two runs met unequal load: short bursts of other work that fell on one side's
     # steps (in turn, only bursts longer than a few steps hit both alike)
-    excess = dict(zip(zip(df["label"], df["seed"]), (df["load/other_cores"] - df["load/spare_cores"]).clip(lower=0.0)))
-    df["pair_contended"] = [(label, seed) in flagged or (base_of[label], seed) in flagged
-                            or abs(excess[label, seed] - excess[base_of[label], seed]) > UNEVEN_LIMIT
-                            for label, seed in zip(df["label"], df["seed"])]
+    excess = dict(zip(zip(df["label"], df["seed"]), _excess(df)))
+    twin = pd.DataFrame(clocks.values(), index=pd.MultiIndex.from_tuples(clocks.keys()) if clocks else None)
+    twin_contended = dict(zip(twin.index, _contended(twin, median))) if clocks else {}
+    twin_excess = dict(zip(twin.index, _excess(twin))) if clocks else {}
+    df["pair_contended"] = [
+        (label, seed) in flagged or twin_contended.get((label, seed), (base_of[label], seed) in flagged)
+        or abs(excess[label, seed] - twin_excess.get((label, seed), excess[base_of[label], seed])) > UNEVEN_LIMIT
+        for label, seed in zip(df["label"], df["seed"])]
     return df
+
+
+def _per_thread(runs: pd.DataFrame) -> pd.Series:
+    """The core share a run's threads got: CPU / wall / threads."""
+    return runs["train_cpu_s"] / runs["train_s"] / runs["load/threads"].fillna(1.0)
+
+
+def _spare(runs: pd.DataFrame) -> pd.Series:
+    """The cores a run left free: the machine's cores minus its threads."""
+    return (runs["cores"] - runs["load/threads"]).clip(lower=0.0).fillna(0.0)
+
+
+def _excess(runs: pd.DataFrame) -> pd.Series:
+    """Other work beyond the cores a run left free."""
+    return (runs["load/other_cores"] - _spare(runs)).clip(lower=0.0)
+
+
+def _contended(runs: pd.DataFrame, median_per_thread: float) -> pd.Series:
+    """Runs that met other work beyond the cores they left free, spent more than CONTENDED_FRAC_LIMIT of their time
+    in contended steps, or whose threads got less of a core than the table's runs typically do."""
+    return (runs["load/other_cores"] > _spare(runs) + OTHER_CORES_LIMIT) | \
+        (runs["load/contended_frac"] > CONTENDED_FRAC_LIMIT) | (_per_thread(runs) < 0.75 * median_per_thread)
 
 
 def curve(run_dir: str | Path, start: float = float("nan")) -> pd.DataFrame:
@@ -214,7 +245,7 @@ def aggregate(seeds: pd.DataFrame) -> pd.DataFrame:
     """Per label: the mean of every numeric column, `<col>_ci` its 95% half-width (NaN for one seed), `seeds` the
     count; the wall-clock and CPU speed-ups over the pairs that were not contended (`seeds_timed` of them; all seeds
     when every pair was), `contended` the number of contended pairs."""
-    numeric = [c for c in seeds.columns if c not in ("label", "seed", "contended", "pair_contended")]
+    numeric = [c for c in seeds.columns if c not in ("label", "seed", "contended", "pair_contended", "timed_with")]
     if "pair_contended" not in seeds:
         seeds = seeds.assign(pair_contended=False)
     out = _mean_and_interval(seeds, numeric)

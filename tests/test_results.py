@@ -2,8 +2,10 @@
 overrides and results_dir (dppo.studies, dppo.results)."""
 
 import os
+import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -112,6 +114,68 @@ def test_a_baseline_and_its_rows_train_in_one_group_where_they_fit():
     assert [len(c) for c in t4] == [5, 2] and t4[0][0] == "GRPO" and sum(t4, []) == list(studies.T4_RUNS), t4
     rows = [label for label in studies.T2_RUNS if label.endswith("DPPO")]  # their baselines trained earlier
     assert names(results.in_turn_chunks(runs(rows), 18 * gib, t2)) == [rows]
+
+
+def test_rows_apart_from_their_baseline_train_beside_its_timing_twin():
+    """Where a baseline cannot train with all its rows (T4: GRPO and 6 rows, 5 fit) or trained earlier (T5's cells
+    after T4), each group of its rows holds the baseline's timing twin — the same run again, whose clock their
+    wall-clock speed-ups divide — and never two of it."""
+    gib = 2 ** 30
+    twin = results.TWIN.format("GRPO")
+
+    def runs(labels):
+        return [(label, TrainConfig(model_name_or_path="smollm2-135m", seed=3)) for label in labels]
+
+    def names(chunks):
+        return [[label for label, _ in chunk] for chunk in chunks]
+    t4, t5 = studies.TABLES["T4"].baseline, studies.TABLES["T5"].baseline
+    every = dict(runs([*studies.T4_RUNS, *(f"r_q={a}, r_o={b}" for a in (0.3, 0.7) for b in (0.3, 0.5, 0.7))]))
+    rows = list(studies.T4_RUNS)
+    chunks = results.in_turn_chunks(runs(rows), 18 * gib, t4, every)
+    assert names(chunks) == [rows[:5], [twin, *rows[5:]]], names(chunks)
+    assert chunks[1][0][1] is every["GRPO"]  # the baseline's own config (its folder is set by run_layout)
+    cells = [label for label in every if label.startswith("r_q")]  # GRPO and DPPO trained with T4
+    assert names(results.in_turn_chunks(runs(cells), 18 * gib, t5, every)) == [[twin, *cells[:4]], [twin, *cells[4:]]]
+    t2 = studies.TABLES["T2"].baseline
+    done = [label for label in studies.T2_RUNS if label.endswith("DPPO")]
+    assert names(results.in_turn_chunks(runs(done), 18 * gib, t2, dict(runs(studies.T2_RUNS)))) == [
+        ["GRPO (timing twin)", "GRPO + DPPO", "DAPO (timing twin)", "DAPO + DPPO"],
+        ["GSPO (timing twin)", "GSPO + DPPO"]]
+    # a baseline with every row in one group needs no twin; one row per group (1 fits) cannot have one
+    assert names(results.in_turn_chunks(runs(rows[:5]), 18 * gib, t4, every)) == [rows[:5]]
+    assert names(results.in_turn_chunks(runs(rows[1:3]), 2 * gib, t4, every)) == [rows[1:2], rows[2:3]]
+
+
+def test_a_speed_up_divides_the_clock_of_the_baseline_that_trained_beside_it(tmp_path, monkeypatch):
+    """End to end (smoke runs): GRPO and two rows with room for two runs train as [GRPO, DPPO] and [GRPO's twin,
+    CPPO]. Each run folder records its group; the twin computes exactly what GRPO computed (same config and seed);
+    DPPO's wall-clock speed-up divides GRPO's clock, CPPO's its twin's; and without the twin CPPO's pair trained apart
+    and its timed speed-ups are not reported (FLOPs still are)."""
+    from dppo import tables
+
+    layout = {label: studies.T1_RUNS[label] for label in ("GRPO", "DPPO", "CPPO")}
+    monkeypatch.setattr(results, "IN_TURN_BYTES_PER_PARAM", 1)
+    monkeypatch.setattr(results.psutil, "virtual_memory", lambda: types.SimpleNamespace(
+        available=2.5 * studies.model_params("embedded") / results.IN_TURN_MEMORY_FRACTION))
+    runs = results.run_layout(layout, seeds=[0], smoke=True, root=tmp_path, baseline=studies.grpo_baseline)
+    grpo, dppo, cppo = (runs[label][0] for label in layout)
+    twin = grpo.with_name("seed0_timing_cppo")
+    assert (twin / "final").is_dir()
+    assert results.timed_with(dppo, grpo) == (grpo, "together")
+    assert results.timed_with(cppo, grpo) == (twin, "twin")
+    same = ["acc/avg", "tokens/trained", "train_flops", "steps"]
+    assert [results.summarize(twin)[c] for c in same] == [results.summarize(grpo)[c] for c in same]
+    seeds = tables.per_seed(runs, "GRPO").set_index("label")
+    assert list(seeds["timed_with"]) == ["self", "together", "twin"]
+    clock = {d: results.summarize(d)["train_s"] for d in (grpo, dppo, cppo, twin)}
+    assert seeds.loc["DPPO", "speedup"] == clock[grpo] / clock[dppo]
+    assert seeds.loc["CPPO", "speedup"] == clock[twin] / clock[cppo]
+    (grpo / results.IN_TURN_FILE).unlink()  # a baseline of older dppo (no record): its twin still times CPPO
+    assert results.timed_with(cppo, grpo) == (twin, "twin") and results.timed_with(dppo, grpo) == (grpo, "apart")
+    shutil.rmtree(twin)
+    apart = tables.per_seed(runs, "GRPO").set_index("label")
+    assert apart.loc["CPPO", "timed_with"] == "apart" and apart.loc["CPPO", ["speedup", "speedup_cpu"]].isna().all()
+    assert apart.loc["CPPO", "speedup_flops"] == seeds.loc["CPPO", "speedup_flops"]
 
 
 def _rate(label: str, name: str) -> float:
