@@ -34,6 +34,9 @@ from dppo.studies import BY_NAME, model_params  # noqa: F401 (model_params: used
 PEAK_FLOPS = 989e12  # H100 SXM, dense BF16 tensor-core peak (NVIDIA H100 Tensor Core GPU datasheet)
 TRAIN_MFU = 0.25  # assumed: NeMo AutoModel reports 28-44% MFU for BF16 FSDP2 training on DGX-H100 with TE kernels
 DECODE_MFU = 0.08  # assumed: batched vLLM decoding is bound by memory bandwidth, not FLOPs
+# What a study finds free on the 2-core, 24 GB machine the real profile's minutes were measured on: how many of its
+# runs train in turn together, and so how many timing twins it adds (`timing_twins`).
+REFERENCE_AVAILABLE_BYTES = 22 * 2 ** 30
 # records of the paper's hub datasets (so the dry run needs no download)
 DATASET_SIZES = {
     "hf:DigitalLearningGmbH/MATH-lighteval:train": 7500, "hf:HuggingFaceH4/MATH-500:test": 500,
@@ -123,23 +126,55 @@ def study_params(study: str, profile: str) -> dict:
     return profile_params(study, profile)
 
 
-def study_runs(study: str, profile: str) -> dict[Path, tuple[str, TrainConfig]]:
-    """{run folder: (its YAML, its config)} of every training run a study launches under `profile`, in order; a run
-    shared between tables once (it trains once)."""
+def _study_specs(study: str, profile: str) -> list[tuple[str, str, Path, str, TrainConfig]]:
+    """(table, row label, run folder, its YAML, its config) of every run of every table a study trains, in order."""
     from dppo import studies as registry
     from dppo.results import study_root
 
     params = study_params(study, profile)
     layouts = registry.study_layouts(study, **registry.layout_params(params))
     seeds = params.get("seeds", registry.BY_NAME[study].seeds)
-    runs = {}
-    for layout in layouts.values():
-        for cfg_path, over, sub in (spec for specs in registry.runs_for(layout, seeds).values() for spec in specs):
-            out = study_root(params.get("results_dir", ""), profile=profile) / sub
-            out = out.relative_to(registry.ROOT) if out.is_relative_to(registry.ROOT) else out
-            if out not in runs:
-                runs[out] = (cfg_path, TrainConfig.load(registry.ROOT / cfg_path, {**over, "output_dir": str(out)}))
+    specs = []
+    for key, layout in layouts.items():
+        for label, runs in registry.runs_for(layout, seeds).items():
+            for cfg_path, over, sub in runs:
+                out = study_root(params.get("results_dir", ""), profile=profile) / sub
+                out = out.relative_to(registry.ROOT) if out.is_relative_to(registry.ROOT) else out
+                specs.append((key, label, out, cfg_path,
+                              TrainConfig.load(registry.ROOT / cfg_path, {**over, "output_dir": str(out)})))
+    return specs
+
+
+def study_runs(study: str, profile: str) -> dict[Path, tuple[str, TrainConfig]]:
+    """{run folder: (its YAML, its config)} of every training run a study launches under `profile`, in order; a run
+    shared between tables once (it trains once)."""
+    runs: dict[Path, tuple[str, TrainConfig]] = {}
+    for _, _, out, cfg_path, cfg in _study_specs(study, profile):
+        runs.setdefault(out, (cfg_path, cfg))
     return runs
+
+
+def timing_twins(study: str, profile: str, finished: set[Path],
+                 available_bytes: float = REFERENCE_AVAILABLE_BYTES) -> int:
+    """How many timing twins (`results.in_turn_chunks`: a baseline trained again beside rows it cannot train with) a
+    CPU study trains when the runs in `finished` are done, with `available_bytes` free (the reference machine's);
+    none on the paper profile's GPUs, where runs go one after another."""
+    from dppo.results import TWIN, in_turn_chunks
+    from dppo.studies import TABLES
+
+    if profile == "paper":
+        return 0
+    specs = _study_specs(study, profile)
+    twins, seen = 0, set(finished)
+    for key in dict.fromkeys(spec[0] for spec in specs):
+        for seed in dict.fromkeys(cfg.seed for k, *_, cfg in specs if k == key):
+            mine = [(label, out, cfg) for k, label, out, _, cfg in specs if k == key and cfg.seed == seed]
+            group = [(label, cfg) for label, out, cfg in mine if out not in seen]
+            seen |= {out for _, out, _ in mine}
+            chunks = in_turn_chunks(group, available_bytes, TABLES[key].baseline if key in TABLES else None,
+                                    {label: cfg for label, _, cfg in mine})
+            twins += sum(label.endswith(TWIN.format("")) for chunk in chunks for label, _ in chunk)
+    return twins
 
 
 def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[dict]]:
@@ -154,6 +189,7 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
         args = f" -f experiments/paper/{study}.yaml" if params and profile == "paper" else \
             f" -f <python -m dppo.studies --params real {study}>" if params else ""
         commands.append(f"papermill notebooks/{study}.ipynb experiments/results/notebooks/{study}.ipynb --cwd .{args}")
+        twins = timing_twins(study, profile, seen)
         runs = {out: run for out, run in study_runs(study, profile).items() if out not in seen}
         seen |= set(runs)
         hours, disk, peak = 0.0, 0.0, 0.0
@@ -165,7 +201,7 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
                 commands.append("  " + shlex.join(train_command(out / "launch.yaml", params["launch"], gpus)))
             else:
                 commands.append(f"  (in the notebook's process) dppo train --config {cfg_path} -> {out}")
-        rows.append({"study": study, "runs": len(runs), "gpu_hours": hours, "hours_on_gpus": hours / gpus,
+        rows.append({"study": study, "runs": len(runs) + twins, "twins": twins, "gpu_hours": hours, "hours_on_gpus": hours / gpus,
                      "disk_tb": disk / 1e12, "peak_tb": peak / 1e12, "configs": list(runs.values()),
                      "cpu_minutes": registry.BY_NAME[study].cpu_minutes})
     return commands, rows
@@ -186,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile == "real":
         print("\n# time on 2 CPU cores (estimated: each study's measured minutes a run, dppo.studies.REAL_RUN_MINUTES)")
         print("\n".join(f"{r['study']:18s} {r['runs']:3d} runs ~{r['runs'] * REAL_RUN_MINUTES[r['study']]:.0f} min"
-                        for r in rows))
+                        + (f" ({r['twins']} of them timing twins)" if r["twins"] else "") for r in rows))
         total = sum(r["runs"] * REAL_RUN_MINUTES[r["study"]] for r in rows)
         print(f"{'total':18s} {sum(r['runs'] for r in rows):3d} runs ~{total:.0f} min (+ paper_figures, under a minute)")
         return 0

@@ -39,11 +39,12 @@ def _value(row: pd.Series, column: str, unit: str = "", sign: str = "") -> str:
 
 def _run(row: pd.Series) -> str:
     """Speed-up in wall-clock and FLOPs and accuracy gain of one row against its baseline; a wall-clock mean that
-    leaves out contended pairs (`dppo.tables`) says over how many seeds it is."""
-    left_out = int(row.get("contended", 0) or 0)
-    wall = f" ({int(row['seeds']) - left_out} seeds: {left_out} contended)" if left_out else ""
-    return (f"{_value(row, 'speedup', 'x')} wall{wall}, {_value(row, 'speedup_flops', 'x')} FLOPs, "
-            f"{_value(row, 'acc_gain', ' points', '+')}")
+    leaves out contended pairs or pairs that trained apart (`dppo.tables`) says over how many seeds it is."""
+    contended, apart = int(row.get("contended", 0) or 0), int(row.get("apart", 0) or 0)
+    why = ", ".join(f"{k} {name}" for k, name in ((contended, "contended"), (apart, "trained apart")) if k)
+    wall = f" ({int(row['seeds']) - contended - apart} seeds: {why})" if why else ""
+    timed = "not timed (trained apart)" if math.isnan(row["speedup"]) else f"{_value(row, 'speedup', 'x')} wall{wall}"
+    return f"{timed}, {_value(row, 'speedup_flops', 'x')} FLOPs, {_value(row, 'acc_gain', ' points', '+')}"
 
 
 def _interval(values: pd.Series) -> tuple[float, float, int]:
@@ -77,11 +78,11 @@ def verdict(df: pd.DataFrame, seeds: pd.DataFrame, label: str, baseline: str) ->
     "higher" / "lower" when the gain's interval excludes 0, "kept" when it holds 0 within +-KEPT_MARGIN points,
     "unresolved at this power" when it holds 0 but is wider, and "unresolved" when the baseline did not learn (its
     gain over its start holds 0) or there is one seed. One seed has no interval: its speed word says so ("faster in
-    1 seed"), never a bare "faster"."""
+    1 seed"), never a bare "faster"; a row with no pair timed beside its baseline has none ("speed not timed")."""
     row = df.loc[label]
     one = math.isnan(row.get("speedup_ci", math.nan))
     speed = "faster" if row["speedup"] - (0 if one else row["speedup_ci"]) > 1 else "not faster"
-    speed += " in 1 seed" if one else ""
+    speed = "speed not timed" if math.isnan(row["speedup"]) else speed + (" in 1 seed" if one else "")
     learned, half = _learned(seeds, baseline)
     if one or learned - half <= 0:
         acc = "unresolved"

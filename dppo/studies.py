@@ -238,7 +238,8 @@ T2_RUNS = {f"{alg.upper()}{' + DPPO' if d else ''}": (
 # its r_q = r_o = 0.5 cell are T4's GRPO and DPPO, trained by whichever of the two studies runs first (the other finds
 # them finished). Each study trains its runs of a seed in turn, step by step (results.run_layout), as many together
 # as fit in memory: a wall-clock pair is fair only within a group (the host drifts between groups, which the
-# contention rule cannot see: docs/results.md), and on the real model GRPO's 6 (T4) or 9 (T5) rows span more than one.
+# contention rule cannot see: docs/results.md), so where GRPO's rows on the real model span more than one (T4's 6,
+# T5's 8 after T4), each later group trains GRPO's timing twin beside them (results.in_turn_chunks).
 # Two studies, not one: the real profile's 15 runs a seed, at 2 seeds, would take ~2 hours in one notebook (each study
 # of the profile must fit 75 minutes). Each ablation changes one thing: "without 1/pi weights" keeps DPPO's masks and
 # Z (dppo_unweighted; dppo_biased would change Z too), "without Dense Prompt Packing" keeps the layout and drops
@@ -361,7 +362,8 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0}}
 # runs of a seed took 21.7-23.8 min in turn (mean 23.0; GRPO ~5, DPPO ~3 minutes of training; evaluated every 8 steps),
 # T2's 6 runs 36.9 (3 of them unpruned; evaluated at the start and the end), T4 and T5's 15 runs 58.8 (seed 0, in 3
 # groups of 5; T4 7 of them, T5 8 more and T4's GRPO and DPPO), T4's 7 of seed 1 27.2 (3.9 a run again), T5 alone
-# from a fresh clone, its 10 runs with T4's GRPO and DPPO, 39.9 (4.0 a run).
+# from a fresh clone, its 10 runs with T4's GRPO and DPPO, 39.9 (4.0 a run). Runs beside a timing twin (a GRPO, the
+# slowest run): T4's last 2 rows and the twin, both seeds, 26.7 (4.45 a run); T5's 8 cells and 2 twins 42.1 (4.2).
 # What --profile real --dry-run estimates with.
 REAL_RUN_MINUTES = {"main_results": 23.0 / 5, "algorithms": 36.9 / 6, "ablations": 58.8 / 15, "sensitivity": 58.8 / 15}
 # The fields in which R1's configs differ from the CPU profile's and that are not the study setup: what makes a run

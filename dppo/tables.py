@@ -243,8 +243,9 @@ def t_quantile(dof: int) -> float:
 
 def aggregate(seeds: pd.DataFrame) -> pd.DataFrame:
     """Per label: the mean of every numeric column, `<col>_ci` its 95% half-width (NaN for one seed), `seeds` the
-    count; the wall-clock and CPU speed-ups over the pairs that were not contended (`seeds_timed` of them; all seeds
-    when every pair was), `contended` the number of contended pairs."""
+    count; the wall-clock and CPU speed-ups over the pairs that were not contended and did not train apart
+    (`seeds_timed` of them; all that did not train apart when every pair was contended), `contended` the number of
+    contended pairs, `apart` of pairs that trained apart (`results.timed_with`: their timed speed-ups are NaN)."""
     numeric = [c for c in seeds.columns if c not in ("label", "seed", "contended", "pair_contended", "timed_with")]
     if "pair_contended" not in seeds:
         seeds = seeds.assign(pair_contended=False)
@@ -255,10 +256,11 @@ def aggregate(seeds: pd.DataFrame) -> pd.DataFrame:
         if label in quiet.index:
             for c in TIMED:
                 out.loc[label, [c, f"{c}_ci"]] = quiet.loc[label, [c, f"{c}_ci"]].to_numpy()
-    g = seeds.groupby("label", sort=False)
-    out["seeds"], out["contended"] = g.size(), g["pair_contended"].sum()
-    out["seeds_timed"] = [int((~seeds[seeds["label"] == label]["pair_contended"]).sum()) or int(n)
-                          for label, n in out["seeds"].items()]
+    apart = seeds["timed_with"].eq("apart") if "timed_with" in seeds else pd.Series(False, index=seeds.index)
+    g = seeds.assign(apart=apart).groupby("label", sort=False)
+    out["seeds"], out["contended"], out["apart"] = g.size(), g["pair_contended"].sum(), g["apart"].sum()
+    out["seeds_timed"] = [int((~mine["pair_contended"] & ~mine["apart"]).sum()) or int((~mine["apart"]).sum())
+                          for _, mine in g]
     return out
 
 
@@ -292,7 +294,8 @@ def markdown(summary: pd.DataFrame, cpu_columns: bool = True) -> str:
             continue
         body[names[c]] = [cell(m, ci, digits) for m, ci in zip(summary[c], summary[f"{c}_ci"])]
     if cpu_columns:
-        body["speed-up"] = [s + (f" †{k}" if k else "") for s, k in zip(body["speed-up"], summary["contended"])]
+        body["speed-up"] = [s + (f" †{k}" if k else "") + (f" ‡{a}" if a else "") for s, k, a in
+                            zip(body["speed-up"], summary["contended"], summary.get("apart", 0 * summary["contended"]))]
     phases = [f"phase_s/{p}" for p in PHASES]
     if all(c in summary.columns for c in phases):  # where each row's training time went (mean over seeds)
         body["rollout / scoring / update (min)"] = [" / ".join(f"{summary.loc[label, c] / 60:.2f}" for c in phases)
@@ -313,6 +316,9 @@ def write(seeds: pd.DataFrame, name: str, caption: str, paper_key: str | None = 
             f" One seed ({used[0]}): accuracy differences of a few points are within run-to-run noise at this scale.")
     contended = (" †k = k seeds' pairs ran while other work took the machine's cores (contended, dppo.machine): "
                  "their wall-clock and CPU speed-ups are left out of those means;" if cpu_columns else "")
+    if cpu_columns and summary["apart"].any():
+        contended += (" ‡k = k seeds' pairs trained apart from their baseline (in no common in-turn group, "
+                      "docs/method.md §5.1): their wall-clock and CPU speed-ups are not reported;")
     md = [f"**{name}.** {caption}{note}{contended} per-seed values and every other column in `{name}_seeds.csv` / "
           f"`{name}.csv`.", "", markdown(summary, cpu_columns), ""]
     if paper_key:

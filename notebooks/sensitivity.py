@@ -45,9 +45,9 @@ if smoke:
 out = results.figures_dir(smoke, profile, results_dir)
 layout = studies.study_layouts("sensitivity", configs=configs, overrides=overrides, rates=rates)["T5"]
 # a seed's runs train in turn, step by step, as many together as fit in memory: a wall-clock speed-up is paired only
-# within a group, and GRPO's 6-9 rows here can span two (docs/results.md)
+# within a group, so a group of GRPO's rows without GRPO also trains GRPO's timing twin (docs/method.md §5.1)
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
-                          baseline=studies.TABLES["T5"].baseline)  # a run with its baseline, where they fit
+                          baseline=studies.TABLES["T5"].baseline)  # a run with its baseline (or its twin)
 t5 = tables.build(studies.TABLES["T5"], layout, runs, out, profile)  # the registry's recipe (studies.Table)
 display(Markdown((out / "T5_sensitivity.md").read_text()))
 fig = figures.figure_t5(t5, rates, out=out)

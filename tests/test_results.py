@@ -151,7 +151,7 @@ def test_a_speed_up_divides_the_clock_of_the_baseline_that_trained_beside_it(tmp
     CPPO]. Each run folder records its group; the twin computes exactly what GRPO computed (same config and seed);
     DPPO's wall-clock speed-up divides GRPO's clock, CPPO's its twin's; and without the twin CPPO's pair trained apart
     and its timed speed-ups are not reported (FLOPs still are)."""
-    from dppo import tables
+    from dppo import readme, tables
 
     layout = {label: studies.T1_RUNS[label] for label in ("GRPO", "DPPO", "CPPO")}
     monkeypatch.setattr(results, "IN_TURN_BYTES_PER_PARAM", 1)
@@ -176,6 +176,10 @@ def test_a_speed_up_divides_the_clock_of_the_baseline_that_trained_beside_it(tmp
     apart = tables.per_seed(runs, "GRPO").set_index("label")
     assert apart.loc["CPPO", "timed_with"] == "apart" and apart.loc["CPPO", ["speedup", "speedup_cpu"]].isna().all()
     assert apart.loc["CPPO", "speedup_flops"] == seeds.loc["CPPO", "speedup_flops"]
+    summary = tables.aggregate(apart.reset_index())
+    assert summary.loc["CPPO", ["apart", "seeds_timed"]].tolist() == [1, 0] and summary.loc["DPPO", "apart"] == 1
+    assert "‡1" in tables.markdown(summary).splitlines()[-1]  # CPPO's row says why its speed-up cell is empty
+    assert readme._run(summary.loc["CPPO"]).startswith("not timed (trained apart), ")
 
 
 def _rate(label: str, name: str) -> float:
