@@ -201,9 +201,9 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
                 commands.append("  " + shlex.join(train_command(out / "launch.yaml", params["launch"], gpus)))
             else:
                 commands.append(f"  (in the notebook's process) dppo train --config {cfg_path} -> {out}")
-        rows.append({"study": study, "runs": len(runs) + twins, "twins": twins, "gpu_hours": hours, "hours_on_gpus": hours / gpus,
-                     "disk_tb": disk / 1e12, "peak_tb": peak / 1e12, "configs": list(runs.values()),
-                     "cpu_minutes": registry.BY_NAME[study].cpu_minutes})
+        rows.append({"study": study, "runs": len(runs) + twins, "twins": twins, "gpu_hours": hours,
+                     "hours_on_gpus": hours / gpus, "disk_tb": disk / 1e12, "peak_tb": peak / 1e12,
+                     "configs": list(runs.values()), "cpu_minutes": registry.BY_NAME[study].cpu_minutes})
     return commands, rows
 
 
@@ -221,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(commands))
     if args.profile == "real":
         print("\n# time on 2 CPU cores (estimated: each study's measured minutes a run, dppo.studies.REAL_RUN_MINUTES)")
+        twins = {r["study"]: f" ({r['twins']} of them timing twins)" if r["twins"] else "" for r in rows}
         print("\n".join(f"{r['study']:18s} {r['runs']:3d} runs ~{r['runs'] * REAL_RUN_MINUTES[r['study']]:.0f} min"
-                        + (f" ({r['twins']} of them timing twins)" if r["twins"] else "") for r in rows))
+                        f"{twins[r['study']]}" for r in rows))
         total = sum(r["runs"] * REAL_RUN_MINUTES[r["study"]] for r in rows)
         print(f"{'total':18s} {sum(r['runs'] for r in rows):3d} runs ~{total:.0f} min (+ paper_figures, under a minute)")
         return 0
