@@ -11,6 +11,10 @@ Why this task for SmolLM2-135M-Instruct (measured on the base model, temperature
 last_number`); its pass@1 is ~34% on small facts and ~6% on two-digit ones, in between on the mix, so a group of 8
 completions is often mixed (gradient), and some groups are all-wrong or all-right (pruning candidates). The base
 model's accuracy on each seed's held-out split is the study's step-0 evaluation (figures/T0_real_model.csv).
+
+A base model without a chat turn (Gemma 3 270M) is asked in the form it continues: a prompt template with worked facts
+on lines of their own and `{expression}` (the fact itself, "7 + 5") before " =", answered on one line (config field
+`stop_strings: ["\n"]`). A fact shown in the template is never asked.
 """
 
 from __future__ import annotations
@@ -33,12 +37,29 @@ def all_facts() -> list[Problem]:
                     split="small" if max(a, b) <= SMALL else "teens") for a, op, b in facts]
 
 
-def make_split(train_size: int, eval_size: int, seed: int) -> tuple[list[Problem], dict[str, list[Problem]]]:
-    """(train problems, {"heldout": eval problems}) of a seed: disjoint, drawn from one shuffle of `all_facts`."""
-    facts = all_facts()
+def expression(problem: Problem) -> str:
+    """The fact a problem asks, "a + b" (its prompt before any template: "What is a + b?")."""
+    return problem.prompt.removeprefix("What is ").removesuffix("?")
+
+
+def shown(template: str) -> set[str]:
+    """The facts a prompt template shows as worked examples: its lines "a op b = n"."""
+    return {line.split(" =")[0] for line in template.splitlines() if " = " in line}
+
+
+def make_split(train_size: int, eval_size: int, seed: int, template: str = PROMPT_TEMPLATE
+               ) -> tuple[list[Problem], dict[str, list[Problem]]]:
+    """(train problems, {"heldout": eval problems}) of a seed: disjoint, drawn from one shuffle of `all_facts` less
+    those `template` shows; each prompt is `template` with '{question}' ("What is a + b?") and '{expression}'
+    ("a + b") replaced."""
+    examples = shown(template)
+    facts = [p for p in all_facts() if expression(p) not in examples]
     if train_size + eval_size > len(facts):
         raise ValueError(f"config fields 'train_size' + 'eval_size' must be at most {len(facts)} on dataset "
                          f"'arithmetic' (its number of problems), got {train_size} + {eval_size}")
     random.Random(f"arithmetic:{seed}").shuffle(facts)
-    heldout = [Problem(p.prompt, p.answer, EVAL_SPLIT) for p in facts[:eval_size]]
-    return facts[eval_size:eval_size + train_size], {EVAL_SPLIT: heldout}
+
+    def ask(p: Problem, split: str) -> Problem:
+        return Problem(template.replace("{question}", p.prompt).replace("{expression}", expression(p)), p.answer, split)
+    return [ask(p, p.split) for p in facts[eval_size:eval_size + train_size]], \
+        {EVAL_SPLIT: [ask(p, EVAL_SPLIT) for p in facts[:eval_size]]}

@@ -213,18 +213,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study", choices=STUDIES, action="append", help="one study (repeatable; default all)")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs of the machine (wall-clock column)")
     args = parser.parse_args(argv)
-    from dppo.studies import REAL_RUN_MINUTES, REAL_STUDIES
+    from dppo.studies import REAL_STUDIES, real_minutes
 
     default = list(REAL_STUDIES) if args.profile == "real" else list(DEFAULT_STUDIES)
     commands, rows = plan(args.study or default, args.profile, args.gpus)
     print("# commands")
     print("\n".join(commands))
     if args.profile == "real":
-        print("\n# time on 2 CPU cores (estimated: each study's measured minutes a run, dppo.studies.REAL_RUN_MINUTES)")
+        print("\n# time on 2 CPU cores (estimated: each study's measured minutes a run, or its own: "
+              "dppo.studies.real_minutes)")
         twins = {r["study"]: f" ({r['twins']} of them timing twins)" if r["twins"] else "" for r in rows}
-        print("\n".join(f"{r['study']:18s} {r['runs']:3d} runs ~{r['runs'] * REAL_RUN_MINUTES[r['study']]:.0f} min"
+        print("\n".join(f"{r['study']:18s} {r['runs']:3d} runs ~{real_minutes(r['study'], r['runs']):.0f} min"
                         f"{twins[r['study']]}" for r in rows))
-        total = sum(r["runs"] * REAL_RUN_MINUTES[r["study"]] for r in rows)
+        total = sum(real_minutes(r["study"], r["runs"]) for r in rows)
         print(f"{'total':18s} {sum(r['runs'] for r in rows):3d} runs ~{total:.0f} min (+ paper_figures, under a minute)")
         return 0
     if args.profile == "cpu":

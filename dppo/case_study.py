@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from dppo.config import TrainConfig
+from dppo.data import model_prompts
 from dppo.runfiles import read_metrics
 from dppo.trainer import load_data
 
@@ -25,8 +26,8 @@ def case_study_answers(runs: dict[str, Path], split: str = "ood", samples: int =
     from dppo.rollout import SamplingParams, engine_from_config
 
     cfg = TrainConfig.load(Path(next(iter(runs.values()))) / "config.yaml")
-    problems = load_data(cfg)[1][split]
     model, tok = load_policy(cfg.model_name_or_path)
+    problems = model_prompts(load_data(cfg)[1][split], tok, cfg.chat_template, cfg.chat_template_kwargs)
     model.to("cuda" if torch.cuda.is_available() else "cpu")
     engine = engine_from_config(cfg, model, tok, [p.prompt for p in problems])  # the runs' own rollout backend
 

@@ -74,7 +74,7 @@ def cmd_eval(args, rest) -> int:
 
     import torch
 
-    from dppo.data import with_chat_template
+    from dppo.data import model_prompts
     from dppo.evaluation import evaluate, format_accuracy
     from dppo.model import load_policy
     from dppo.rollout import engine_from_config
@@ -84,8 +84,7 @@ def cmd_eval(args, rest) -> int:
     model, tok = load_policy(args.model or cfg.model_name_or_path, cfg.dtype, cfg.attn_implementation)
     model.to("cuda" if torch.cuda.is_available() else "cpu")  # inference only: weights in the compute dtype
     _, evals = load_data(cfg)
-    if cfg.chat_template:
-        evals = {k: with_chat_template(v, tok, cfg.chat_template_kwargs) for k, v in evals.items()}
+    evals = {k: model_prompts(v, tok, cfg.chat_template, cfg.chat_template_kwargs) for k, v in evals.items()}
     if args.model:
         cfg = dataclasses.replace(cfg, model_name_or_path=args.model)
     engine = engine_from_config(cfg, model, tok, [p.prompt for v in evals.values() for p in v])

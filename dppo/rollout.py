@@ -16,7 +16,7 @@ import importlib
 import inspect
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -161,19 +161,30 @@ def kv_cache(room: int):
         return DynamicCache()
 
 
+def stop_token_ids(tok, stop_strings: Sequence[str] = ()) -> list[int]:
+    """The tokens that end a completion: EOS, and every token whose text contains one of `stop_strings` (config field
+    `stop_strings`; e.g. "\\n" for a base model's one-line answers: any token holding a newline). The stop token is
+    the completion's last, as EOS is."""
+    ids = [tok.eos_token_id]
+    if stop_strings:
+        texts = tok.batch_decode([[i] for i in range(len(tok))])
+        ids += [i for i, t in enumerate(texts) if i != tok.eos_token_id and any(s in t for s in stop_strings)]
+    return ids
+
+
 @torch.no_grad()
-def sample_compacting(model, ids: torch.Tensor, attn: torch.Tensor, params: SamplingParams, eos_token_id: int
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample_compacting(model, ids: torch.Tensor, attn: torch.Tensor, params: SamplingParams,
+                      eos_token_id: int | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """KV-cached ancestral sampling that computes each prompt once and drops each row once it is finished.
 
     ids, attn: [n, P] left-padded prompts and their mask; equal consecutive rows (the G completions of a
     prompt) are prefilled once and their KV cache repeated. Each step samples x_t ~ softmax(filter(z_t / T))
     from the last logits z_t, records log softmax(z_t / T)[x_t] (tempered, untruncated: what
-    `scoring.completion_logprobs` recomputes), and removes the rows that emitted EOS (or hit max_new_tokens)
-    from the input, the mask and the KV cache (once an eighth of the batch has finished: each drop copies the
-    cache), so a step costs about the rows still generating, not the whole batch until its longest completion
-    ends (transformers' `generate` keeps finished rows and prefills every row). The cache is written in place
-    (`InPlaceLayer`), not concatenated per token. Position ids follow the mask (left padding does not shift
+    `scoring.completion_logprobs` recomputes), and removes the rows that emitted EOS (any of `eos_token_id`:
+    `stop_token_ids`) or hit max_new_tokens from the input, the mask and the KV cache (once an eighth of the batch has
+    finished: each drop copies the cache), so a step costs about the rows still generating, not the whole batch
+    until its longest completion ends (transformers' `generate` keeps finished rows and prefills every row). The
+    cache is written in place (`InPlaceLayer`), not concatenated per token. Position ids follow the mask (left padding does not shift
     positions). Non-finite logits (diverged weights) are replaced as transformers' `remove_invalid_values` does,
     so such a step samples (and is skipped later) instead of crashing. A step reads one number back from the
     device (how many rows are done), so a GPU is not stalled by several syncs per token.
@@ -181,6 +192,7 @@ def sample_compacting(model, ids: torch.Tensor, attn: torch.Tensor, params: Samp
     Returns tokens [n, T] (zeros after a row's end), log-probs [n, T] fp32 and lengths [n] (EOS included).
     """
     n, device = ids.shape[0], ids.device
+    stop = torch.tensor(eos_token_id, device=device).reshape(-1)
     tokens = torch.zeros(n, params.max_new_tokens, dtype=torch.long, device=device)
     logprobs = torch.zeros(n, params.max_new_tokens, dtype=torch.float32, device=device)
     lengths = torch.full((n,), params.max_new_tokens, dtype=torch.long, device=device)
@@ -206,7 +218,7 @@ def sample_compacting(model, ids: torch.Tensor, attn: torch.Tensor, params: Samp
         choice = sample_from(filter_logits(logp, params.top_k, params.top_p)).masked_fill(done, 0)  # [n_batch]
         tokens[alive, t] = choice  # finished rows still in the batch record 0
         logprobs[alive, t] = logp.gather(1, choice[:, None])[:, 0].masked_fill(done, 0.0).float()  # fp64 models too
-        ended = (choice == eos_token_id) & ~done
+        ended = torch.isin(choice, stop) & ~done
         lengths[alive] = torch.where(ended, t + 1, lengths[alive])
         done |= ended
         n_done = int(done.sum())  # the step's one host-device sync (no boolean indexing above)
@@ -226,17 +238,20 @@ def sample_compacting(model, ids: torch.Tensor, attn: torch.Tensor, params: Samp
 class HFRollout:
     """transformers backend (`sample_compacting` on the model itself); `batch_size` rows (prompt x completion)
     per call, on the model's device, under `autocast_dtype` (e.g. bf16 compute over fp32 master weights) when
-    given."""
+    given; completions end at EOS or at a token holding one of `stop_strings` (`stop_token_ids`)."""
 
     samples_training_model = True
 
-    def __init__(self, model, tokenizer, batch_size: int = 256, autocast_dtype: torch.dtype | None = None):
+    def __init__(self, model, tokenizer, batch_size: int = 256, autocast_dtype: torch.dtype | None = None,
+                 stop_strings: Sequence[str] = ()):
         self.model, self.tok, self.batch_size, self.autocast_dtype = model, tokenizer, batch_size, autocast_dtype
+        self.stop_ids = stop_token_ids(tokenizer, stop_strings)
 
     @classmethod
     def from_config(cls, cfg, model, tokenizer, prompts: list[str]) -> "HFRollout":
-        """`rollout_batch_size` rows a call, under the compute dtype's autocast (`prompts` are not needed)."""
-        return cls(model, tokenizer, cfg.rollout_batch_size, COMPUTE_DTYPES[cfg.dtype])
+        """`rollout_batch_size` rows a call, under the compute dtype's autocast, stopping at `stop_strings`
+        (`prompts` are not needed)."""
+        return cls(model, tokenizer, cfg.rollout_batch_size, COMPUTE_DTYPES[cfg.dtype], cfg.stop_strings or ())
 
     def sleep(self) -> None:
         """Nothing to free: generation runs on the training model (or its copy under FSDP)."""
@@ -265,13 +280,13 @@ class HFRollout:
             chunk = rows[s: s + self.batch_size]
             ids, attn = left_pad(chunk, tok.pad_token_id)
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                new, lp, lengths = sample_compacting(model, ids.to(device), attn.to(device), params, tok.eos_token_id)
+                new, lp, lengths = sample_compacting(model, ids.to(device), attn.to(device), params, self.stop_ids)
             new, lp, lengths = new.cpu(), lp.cpu(), lengths.tolist()
             for i, r in enumerate(chunk):
                 out.prompt_ids.append(r)
                 out.completion_ids.append(new[i, :lengths[i]].tolist())
                 out.logprobs.append(lp[i, :lengths[i]].clone() if params.logprobs else None)
-                out.truncated.append(out.completion_ids[-1][-1:] != [tok.eos_token_id])
+                out.truncated.append(out.completion_ids[-1][-1:] not in ([t] for t in self.stop_ids))
         out.texts = tok.batch_decode(out.completion_ids, skip_special_tokens=True)
         model.train(was_training)
         return out

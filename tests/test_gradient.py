@@ -13,7 +13,8 @@ from dppo.history import PromptHistory
 from dppo.losses import grpo_advantages
 from dppo.pruning import DPPO, BiasedDPPO, completion_candidates, prune_step
 from dppo.task import make_train
-from dppo.variance import bias_and_variance, closed_form_variance, coefficients, per_sample_gram, rollout
+from dppo.variance import (CountSketch, bias_and_variance, closed_form_variance, coefficients, per_sample_gram,
+                           rollout)
 from masks import enumerate_draws, expectation
 
 B, G = 4, 4
@@ -35,7 +36,7 @@ def setup(embedded):
     for k in (0, 1):  # prompts 0 and 1 were zero-variance when last seen; 2 and 3 are new
         history.update(k, [1.0] * G, [0.0] * G, [10] * G, step=0)
     lengths = [6 + 5 * (n % 3) for n in range(N)]
-    return rewards, adv, gram, history, lengths
+    return rewards, adv, gram, history, lengths, batch
 
 
 def _mc_check(coef, gram):
@@ -49,7 +50,7 @@ def test_monte_carlo_gradient_matches_full_batch(setup, mode):
     """The masks as the trainer draws them: the mean of 4000 draws is within 3 Monte-Carlo standard errors of grad L.
     For an unbiased estimator E[err^2] = se^2 exactly, so err > 3 se has probability below 1/9 (Markov) on any batch
     and about 0.3% when one direction dominates (chi-square, 1 dof); the exact test below carries the verdict."""
-    rewards, adv, gram, history, _ = setup
+    rewards, adv, gram, history, *_ = setup
     dppo = DPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode)
     cos, err, se = _mc_check(coefficients(dppo, rewards, history, 4000), gram)
     assert cos > 0.99 and err < 3 * se, (cos, err, se)
@@ -71,7 +72,7 @@ def test_exact_expected_gradient_weighted_vs_unweighted(setup, mode):
     The margin, 1e-6 of ||grad L||, is ten orders of magnitude above the rounding floor and far below any real bias
     (0.03-0.8 of ||grad L|| over 12 rollout seeds of these prompts; the Monte-Carlo version of this check, 3 standard
     errors at 4000 draws, missed the one at 0.03: 2.2 standard errors)."""
-    rewards, _, gram, history, _ = setup
+    rewards, _, gram, history, *_ = setup
     full = torch.full((N,), 1.0 / N, dtype=torch.float64)
     full_norm = float(torch.sqrt(full @ gram @ full))
 
@@ -102,7 +103,7 @@ def test_variance_matches_closed_form(setup, rate):
     Exact on both sides: tr Cov[grad L_hat] = <Cov c, K> with Cov c enumerated over every mask outcome. The trainer's
     own random draws are checked against the enumerated moments of c, which do not involve the model: with the
     rewards fixed by construction those draws, and so that verdict, are the same on every machine."""
-    rewards, adv, gram, history, _ = setup
+    rewards, adv, gram, history, *_ = setup
     sq = torch.diagonal(gram)  # ||grad l_n||^2
     group = torch.zeros(B, N, dtype=torch.float64)
     for b in range(B):
@@ -156,7 +157,7 @@ def test_monte_carlo_refilled_epoch_matches_full_batch(setup, refill):
 
     from dppo.composition import PromptStream, StepComposer
 
-    rewards, adv, gram, history, lengths = setup
+    rewards, adv, gram, history, lengths, _ = setup
     dppo = DPPO(prompt_rate=0.5, completion_rate=0.5)
     gen = torch.Generator().manual_seed(2)
     draws = 3000
@@ -178,3 +179,39 @@ def test_monte_carlo_refilled_epoch_matches_full_batch(setup, refill):
     cos, err, se = _mc_check(coef, gram)
     assert cos > 0.99 and err < 3 * se, (cos, err, se)
     assert len(set(partitions)) > 1  # steps composed differently across draws (epoch order and masks)
+
+
+def test_count_sketch_estimates_inner_products_without_bias():
+    """E[<S a, S b>] = <a, b> over the sketch's random buckets and signs (docs/method.md §2.7): the mean over 400
+    sketches of k = 64 buckets lies within 5 standard errors of the exact Gram matrix, on vectors with positive entries
+    (where a sketch without signs would add every collision: ~P/k times <a, b>) split into two parameter pieces."""
+    gen = torch.Generator().manual_seed(0)
+    vectors = torch.rand(3, 2000, generator=gen, dtype=torch.float64) + 0.5  # [3, P], all positive
+    exact = vectors @ vectors.T
+    draws = []
+    for seed in range(400):
+        sketch = CountSketch([1500, 500], 64, seed)
+        z = torch.stack([sketch([v[:1500].view(30, 50), v[1500:]]) for v in vectors])
+        draws.append(z @ z.T)
+    draws = torch.stack(draws)  # [400, 3, 3]
+    se = draws.std(0) / 400 ** 0.5
+    assert torch.all((draws.mean(0) - exact).abs() <= 5 * se), (draws.mean(0), exact, se)
+    # one sketch: each quadratic form within its standard deviation bound sqrt(2 / k) (here 10 of them)
+    assert torch.all((draws[0] - exact).abs() <= 10 * (2 / 64) ** 0.5 * exact.diagonal().max())
+
+
+def test_sketched_gram_gives_f3s_statistics_on_the_exact_grams_scale(embedded, setup):
+    """F3 on a real model streams each per-sample gradient through a count sketch (no [N, P] matrix): on the embedded
+    model, small enough for the exact Gram matrix, the sketched K (k = 2^16) gives the closed-form variance of DPPO
+    and the full gradient's norm within 10 of the sketch's relative standard deviations sqrt(2 / k) = 0.55%."""
+    model, tok = embedded
+    rewards, adv, gram, history, _, batch = setup
+    sketched, _ = per_sample_gram(model, tok, batch, adv, kl_coef=0.1, seed=0, sketch_dim=2**16)
+    tolerance = 10 * (2 / 2**16) ** 0.5
+    full = torch.full((N,), 1.0 / N, dtype=torch.float64)
+    assert float(full @ sketched @ full) == pytest.approx(float(full @ gram @ full), rel=tolerance)
+    for rate in (0.3, 0.9):
+        pruner = DPPO(prompt_rate=rate, completion_rate=rate)
+        exact = closed_form_variance(gram, pruner, history, rewards, adv)["variance"]
+        assert closed_form_variance(sketched, pruner, history, rewards, adv)["variance"] == pytest.approx(
+            exact, rel=tolerance), rate

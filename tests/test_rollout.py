@@ -74,6 +74,40 @@ def test_top_k_1_sampling_equals_greedy_generate(embedded64):
         assert batch.truncated[r] == (c_ids[-1] != tok.eos_token_id)
 
 
+STOP = "\n"  # the embedded model writes one line per step of a solution
+
+
+def test_stop_strings_end_each_completion_at_the_first_token_holding_one(embedded64):
+    """stop_strings (a base model's one-line answers): a completion ends with the first token whose text holds a stop
+    string (`stop_token_ids`: every such token of the vocabulary, and EOS), which is its last token, as EOS is. top_k
+    = 1 against transformers' greedy `generate` given every stop token as an end-of-sequence id: the same tokens row
+    for row, no stop token before a row's last, `truncated` only for rows that hit max_new_tokens without one; and
+    the stop mattered (rows end at a stop token where they would have gone on)."""
+    from transformers import GenerationConfig
+
+    from dppo.rollout import stop_token_ids
+
+    model, tok = embedded64
+    stops = stop_token_ids(tok, [STOP])
+    texts = tok.batch_decode([[i] for i in range(len(tok))])
+    assert stops[0] == tok.eos_token_id and sorted(stops[1:]) == [i for i, t in enumerate(texts)
+                                                                  if STOP in t and i != tok.eos_token_id]
+    prompts = [p.prompt for p in make_train(6, seed=11)]
+    batch = HFRollout(model, tok, 64, stop_strings=[STOP]).generate(prompts, SamplingParams(n=2, top_k=1,
+                                                                                            max_new_tokens=40))
+    plain = HFRollout(model, tok, 64).generate(prompts, SamplingParams(n=2, top_k=1, max_new_tokens=40))
+    cut = 0
+    for r, (p_ids, c_ids) in enumerate(zip(batch.prompt_ids, batch.completion_ids)):
+        with torch.no_grad():
+            g = model.generate(input_ids=torch.tensor([p_ids]), generation_config=GenerationConfig(
+                do_sample=False, max_new_tokens=40, eos_token_id=stops, pad_token_id=tok.pad_token_id))
+        assert g[0, len(p_ids):].tolist()[:len(c_ids)] == c_ids, f"row {r}"
+        assert not set(c_ids[:-1]) & set(stops) and batch.truncated[r] == (c_ids[-1] not in stops), f"row {r}"
+        assert plain.completion_ids[r][:len(c_ids)] == c_ids  # the same greedy path, ended earlier or not at all
+        cut += len(c_ids) < len(plain.completion_ids[r])
+    assert cut > 0
+
+
 def test_sample_from_draws_the_distribution():
     """Inverse-CDF sampling: frequencies match softmax(logp) (5 sigma), excluded (-inf) tokens never come up."""
     from dppo.rollout import sample_from
