@@ -369,7 +369,8 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0},
                      # F3: batches of R1's GRPO config (model, task, chat prompts, temperature, length, reward), each
                      # per-sample gradient streamed into a count sketch of 2^18 buckets (quadratic forms within a
                      # relative standard deviation of 0.28%: docs/method.md §2.7)
-                     "gradient_variance": {"config": "experiments/cpu/real_grpo.yaml", "sketch_dim": 2**18}}
+                     # (27 of 64 base-model groups are zero-variance: 16 prompts give a batch's 4)
+                     "gradient_variance": {"config": "experiments/cpu/real_grpo.yaml", "sketch_dim": 2**18, "pool": 2}}
 # Minutes a real-model run of each study takes on 2 cores, training and evaluations, measured (2026-12-05): T1's 5
 # runs of a seed took 21.7-23.8 min in turn (mean 23.0; GRPO ~5, DPPO ~3 minutes of training; evaluated every 8 steps),
 # T2's 6 runs 36.9 (3 of them unpruned; evaluated at the start and the end), T4 and T5's 15 runs 58.8 (seed 0, in 3
@@ -389,6 +390,8 @@ REAL_STUDY_MINUTES = {"gradient_variance": 0.0}
 def real_minutes(study: str, runs: int) -> float:
     """What --profile real --dry-run estimates a study to take on 2 cores with `runs` runs to train."""
     return runs * REAL_RUN_MINUTES.get(study, 0.0) + REAL_STUDY_MINUTES.get(study, 0.0)
+
+
 # The fields in which R1's configs differ from the CPU profile's and that are not the study setup: what makes a run
 # R1's model and task. Read from the YAML files (the one place they are written), so R1 and the real profile agree.
 _REAL_PAIRS = (("experiments/cpu/grpo.yaml", "experiments/cpu/real_grpo.yaml"),

@@ -45,6 +45,8 @@ mixes = [0.0, 0.1, 0.25]  # uniform_mix values compared (lambda: pi is (1 - lamb
 kl_coef = 0.0  # beta of the measured loss: the trained runs' (experiments/cpu/*.yaml and the paper recipes: 0)
 config = ""  # a run config (experiments/...yaml) whose model and task the batches come from; "": the embedded
 # model and task, 48 new tokens at temperature 1
+pool = 8  # prompts rolled out for a batch, as a multiple of `prompts` (the batch keeps half its groups zero-variance
+# from them; the real model, with ~40% of its groups zero-variance, needs fewer: rollouts are most of a batch's time)
 sketch_dim = 0  # k > 0: each per-sample gradient streamed into a count sketch of k buckets (K estimated without
 # bias, each quadratic form within a relative standard deviation sqrt(2 / k)); 0: the exact Gram matrix
 results_dir = ""  # results under <profile root>/results_dir (root: experiments/results, or .../paper):
@@ -78,7 +80,7 @@ print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M paramet
 # the selection batches; the first (rollout seed `seed`, or the next seed whose prompts give half the groups with zero
 # reward variance) is the batch of the Monte-Carlo part
 selection = variance.sample_batches(model, tok, selection_batches, seed, prompts, group_size, kl_coef, cfg,
-                                   sketch_dim)
+                                   sketch_dim, pool)
 batch_seed, batch = selection[0]
 rewards, adv, gram, kl = batch["rewards"], batch["adv"], batch["gram"], batch["kl"]
 lengths = torch.tensor(batch["lengths"]).view(prompts, group_size)
@@ -184,7 +186,7 @@ for name in ("DPPO without 1/pi", "CPPO (P = r)"):
 
 # %%
 report = variance.sample_batches(model, tok, report_batches, report_seed, prompts, group_size, kl_coef, cfg,
-                                sketch_dim)
+                                sketch_dim, pool)
 ratios, correlations = [], []
 for split, batches in (("selection", selection), ("report", report)):
     for batch_seed, b in batches:

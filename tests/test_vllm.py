@@ -45,6 +45,21 @@ def test_vllm_logprobs_equal_the_trainers_scoring(embedded, engine, temperature)
     assert all(short.truncated) and all(len(c) == 3 for c in short.completion_ids)  # finish_reason "length"
 
 
+def test_stop_strings_end_a_vllm_completion_where_dppos_sampler_ends_it(engine, monkeypatch):
+    """The config's stop_strings reach vLLM as stop_token_ids (`from_config` sets the engine's `stop_ids`): greedy,
+    each completion is the unstopped one cut after its first newline token (kept, as EOS is), and not truncated."""
+    from dppo.rollout import stop_token_ids
+
+    prompts = [p.prompt for p in make_train(4, seed=11)]
+    greedy = SamplingParams(n=1, top_k=1, max_new_tokens=40)
+    plain = engine.generate(prompts, greedy)
+    monkeypatch.setattr(engine, "stop_ids", stop_token_ids(engine.tok, ["\n"]))
+    stopped = engine.generate(prompts, greedy)
+    for full, cut, truncated in zip(plain.completion_ids, stopped.completion_ids, stopped.truncated):
+        first = next(i for i, t in enumerate(full) if t in engine.stop_ids)  # every row writes a line within 40
+        assert cut == full[:first + 1] and not truncated, (full, cut)
+
+
 def sent_requests(monkeypatch, engine) -> list:
     """The sampling parameters of every `vllm.LLM.generate` call the engine makes from now on."""
     sent, real = [], engine.llm.generate
