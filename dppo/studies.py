@@ -383,8 +383,8 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0},
 REAL_RUN_MINUTES = {"main_results": 23.0 / 5, "algorithms": 36.9 / 6, "scale": 4.5, "ablations": 58.8 / 15,
                     "sensitivity": 58.8 / 15}
 # Minutes of a real-profile study that trains no run, measured the same way: F3's 20 batches (rollouts, per-sample
-# gradients and their sketches) and its mask draws.
-REAL_STUDY_MINUTES = {"gradient_variance": 0.0}
+# gradients and their sketches) and its mask draws, 33.4 (2026-12-05, 22:57-23:31 UTC).
+REAL_STUDY_MINUTES = {"gradient_variance": 33.4}
 
 
 def real_minutes(study: str, runs: int) -> float:
