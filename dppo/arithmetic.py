@@ -14,7 +14,7 @@ model's accuracy on each seed's held-out split is the study's step-0 evaluation 
 
 A base model without a chat turn (Gemma 3 270M) is asked in the form it continues: a prompt template with worked facts
 on lines of their own and `{expression}` (the fact itself, "7 + 5") before " =", answered on one line (config field
-`stop_strings: ["\n"]`). A fact shown in the template is never asked.
+`stop_strings: ["\\n"]`). A fact shown in the template is never asked.
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ class VLLMRollout:
 
     def _attach(self, llm, tokenizer, cuda: bool, request_params) -> None:
         self.llm, self.tok, self.cuda, self.request_params = llm, tokenizer, cuda, request_params
-        self.stop_ids = [tokenizer.eos_token_id]  # and the tokens of the config's stop_strings (`from_config`)
+        self.stop_ids = [getattr(tokenizer, "eos_token_id", None)]  # and the config's stop_strings' (`from_config`)
         self.model: torch.nn.Module | None = None  # the last `sync_weights` model: the weights the engine must hold
         self.stale = False  # the engine's weights are not `model`'s (or were discarded): push before generating
         self.asleep: set[str] = set()  # vLLM memory tags now asleep

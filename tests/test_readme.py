@@ -112,12 +112,12 @@ def test_verdict_higher_and_one_seed():
 
 def test_every_stated_model_size_is_counted_from_the_weights():
     """Every 'N M' parameter count in the README, docs, notebooks, library, benches and committed tables is one the
-    weights give: the shipped embedded models' (`studies.model_size`, read from their safetensors) or SmolLM2's
-    134.5 M (tests/test_real_model.py counts its de-quantised parameters). A stale size (the docs once said 0.8 M for
+    weights give: the shipped embedded models' (`studies.model_size`, read from their safetensors), SmolLM2's
+    134.5 M or Gemma 3's 268.1 M (tests/test_real_model.py counts their de-quantised parameters). A stale size (the docs once said 0.8 M for
     1,033,088 parameters) fails here."""
     from dppo.studies import model_size
 
-    sizes = {model_size("embedded"), model_size("embedded-large"), "134.5 M"}
+    sizes = {model_size("embedded"), model_size("embedded-large"), "134.5 M", "268.1 M"}
     files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "notebooks").glob("*.py"),
              *(ROOT / "dppo").glob("*.py"), *(ROOT / "bench").glob("*.py"), *(ROOT / "figures").glob("*.md"),
              *(ROOT / "figures").glob("*.csv")]
