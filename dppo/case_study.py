@@ -1,5 +1,6 @@
 """The case study of figure F5 (docs/method.md §6): one held-out problem, each method's sampled answers at every
-kept checkpoint. Sampling goes through the runs' rollout engine (`rollout_backend`), as training did."""
+kept checkpoint. Sampling goes through the runs' rollout engine (`rollout_backend`) at their training temperature, and
+answers are read and graded as their reward read them (`answer_format`, `answer_check`)."""
 
 from __future__ import annotations
 
@@ -13,21 +14,29 @@ from dppo.runfiles import read_metrics
 from dppo.trainer import load_data
 
 
-def case_study_answers(runs: dict[str, Path], split: str = "ood", samples: int = 32, seed: int = 0) -> pd.DataFrame:
-    """F5 data: the `split` problem on which the methods' final models disagree most (by sampled accuracy),
-    then for each method, at the initial model, at every kept checkpoint and at its final model (when no checkpoint
-    of the last step was kept: the paper profile keeps none after final/), the counts of its sampled final
-    answers. Columns: method, step, answer, count, samples, correct, question."""
+def case_study_answers(runs: dict[str, Path], split: str = "", samples: int = 32, seed: int = 0,
+                       candidates: int = 0) -> pd.DataFrame:
+    """F5 data: the problem of eval split `split` ("": `ood` where the task has it, else its first split; the
+    arithmetic task's is `heldout`), among its first `candidates` (0: all), on which the methods' final models
+    disagree most (by 8 sampled answers each), then for each method, at the initial model, at every kept checkpoint
+    and at its final model (when no checkpoint of the last step was kept: the paper profile keeps none after final/),
+    the counts of its sampled final answers. Columns: method, step, answer, count, samples, correct, question,
+    gold."""
     import torch
     from safetensors.torch import load_file
 
     from dppo.model import load_policy
-    from dppo.reward import extract_boxed, math_reward
+    from dppo.reward import extract_answer, math_reward
     from dppo.rollout import SamplingParams, engine_from_config
 
     cfg = TrainConfig.load(Path(next(iter(runs.values()))) / "config.yaml")
     model, tok = load_policy(cfg.model_name_or_path)
-    problems = model_prompts(load_data(cfg)[1][split], tok, cfg.chat_template, cfg.chat_template_kwargs)
+    evals = load_data(cfg)[1]
+    split = split or ("ood" if "ood" in evals else next(iter(evals), ""))
+    if split not in evals:
+        raise ValueError(f"case study: split {split!r} is not one of the runs' eval splits {sorted(evals)}")
+    asked = evals[split][:candidates] if candidates else evals[split]
+    problems = model_prompts(asked, tok, cfg.chat_template, cfg.chat_template_kwargs)  # as the model is asked
     model.to("cuda" if torch.cuda.is_available() else "cpu")
     engine = engine_from_config(cfg, model, tok, [p.prompt for p in problems])  # the runs' own rollout backend
 
@@ -40,16 +49,21 @@ def case_study_answers(runs: dict[str, Path], split: str = "ood", samples: int =
             engine.sync_weights(model)
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            return engine.generate(prompts, SamplingParams(n=n, max_new_tokens=cfg.max_new_tokens)).texts
+            return engine.generate(prompts, SamplingParams(n=n, temperature=cfg.temperature,
+                                                           max_new_tokens=cfg.max_new_tokens)).texts
+
+    def grade(text: str, gold: str) -> bool:  # as the runs' reward
+        return math_reward(text, gold, cfg.answer_check, cfg.answer_format) > 0
 
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     finals = {m: load_file(str(Path(d) / "final" / "model.safetensors")) for m, d in runs.items()}
     acc = {}
     for m, state in finals.items():
         texts = sample(state, [p.prompt for p in problems], 8)
-        acc[m] = [sum(math_reward(t, p.answer) for t in texts[i * 8:(i + 1) * 8]) / 8 for i, p in enumerate(problems)]
+        acc[m] = [sum(grade(t, p.answer) for t in texts[i * 8:(i + 1) * 8]) / 8 for i, p in enumerate(problems)]
     spread = [max(a[i] for a in acc.values()) - min(a[i] for a in acc.values()) for i in range(len(problems))]
-    problem = problems[max(range(len(problems)), key=lambda i: (spread[i], -i))]
+    pick = max(range(len(problems)), key=lambda i: (spread[i], -i))
+    problem, question = problems[pick], asked[pick].prompt  # the question as written (no chat turn around it)
     rows = []
     for m, d in runs.items():
         ckpts = sorted(Path(d).glob("checkpoints/step_*/model.safetensors"), key=lambda p: int(p.parent.name[5:]))
@@ -59,11 +73,12 @@ def case_study_answers(runs: dict[str, Path], split: str = "ood", samples: int =
             points.append((last, finals[m]))
         for step, state in points:
             counts: dict[str, int] = {}
+            correct: dict[str, bool] = {}
             for t in sample(state, [problem.prompt], samples):
-                a = extract_boxed(t) or "(none)"
+                a = extract_answer(t, cfg.answer_format) or "(none)"
                 counts[a] = counts.get(a, 0) + 1
-            rows += [{"method": m, "step": step, "answer": a, "count": c, "samples": samples,
-                      "correct": math_reward(f"\\boxed{{{a}}}", problem.answer) > 0, "question": problem.prompt,
-                      "gold": problem.answer}
+                correct[a] = correct.get(a, False) or grade(t, problem.answer)
+            rows += [{"method": m, "step": step, "answer": a, "count": c, "samples": samples, "correct": correct[a],
+                      "question": question, "gold": problem.answer}
                      for a, c in counts.items()]
     return pd.DataFrame(rows)

@@ -205,11 +205,30 @@ def _f4(figures: Path) -> str:
             f"(packed), {shared['speedup_vs_padded']:.2f}x (shared) padded's")
 
 
+def _f5(figures: Path) -> tuple[str, str]:
+    """F5: the problem followed and each method's share of right answers at its first and last checkpoint; a verdict
+    on the paper's (the pruned baselines settle on a wrong answer, DPPO on the right one) for this one problem."""
+    a = pd.read_csv(figures / "F5_case_study.csv")
+    right = a[a["correct"]].groupby(["method", "step"])["count"].sum()
+    ends: dict[str, tuple[float, float]] = {}
+    for m, d in a.groupby("method", sort=False):
+        n = d["samples"].iloc[0]
+        ends[m] = (right.get((m, d["step"].min()), 0) / n, right.get((m, d["step"].max()), 0) / n)
+    n = int(a["samples"].iloc[0])
+    what = (f"'{' '.join(str(a['question'].iloc[0]).split())}' (gold {a['gold'].iloc[0]}), right answers of {n} "
+            "sampled, first -> last checkpoint: " + ", ".join(f"{m} {s:.0%} -> {e:.0%}" for m, (s, e) in ends.items()))
+    dppo, pruned = ends.get("DPPO", (0, 0))[1], [ends[m][1] for m in ("CPPO", "GRESO") if m in ends]
+    said = ("one problem, one seed: an illustration. DPPO ends " +
+            ("above" if pruned and dppo > max(pruned) else "not above") + " CPPO and GRESO on it")
+    return what, said
+
+
 def results_table(figures: Path = ROOT / "figures") -> str:
     """Markdown table: per table of the study registry (`dppo.studies.TABLES`: T1-T5, R1 on the real model) that
     `figures` holds, its seeds, what dppo measured at CPU scale, the verdict and what the paper reports; then F3 (one
-    batch for the variance and bias, 10 for the proportional rule) and F4 (one step) where it holds them. Tables on
-    the real model (R1; every table of figures/real) also give each method's accuracy and the time to GRPO's."""
+    batch for the variance and bias, 10 for the proportional rule), F4 (one step) and F5 (one problem) where it holds
+    them. Tables on the real model (R1; every table of figures/real) also give each method's accuracy and the time to
+    GRPO's."""
     lines = ["| table | seeds | measured here (vs the row's GRPO-family baseline) | verdict | paper (GPU scale) |",
              "| --- | --- | --- | --- | --- |"]
     quoted: dict[str, str] = {}  # a claim of the paper -> the first row that quoted it (later rows say "as R1")
@@ -250,6 +269,8 @@ def results_table(figures: Path = ROOT / "figures") -> str:
         lines.append(f"| F3 | - | {_f3(figures)} | {_f3_verdict(figures)} | {PAPER['F3']} |")
     if (figures / "F4_packing.csv").is_file():
         lines.append(f"| F4 | - | {_f4(figures)} | - | {PAPER['F4']} |")
+    if (figures / "F5_case_study.csv").is_file():
+        lines.append(f"| F5 | 1 | {' | '.join(_f5(figures))} | {PAPER['F5']} |")
     return "\n".join(lines)
 
 

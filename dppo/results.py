@@ -128,6 +128,17 @@ def prepare(config: str | Path, output_dir: str | Path, smoke: bool = False, **o
     return cfg
 
 
+def keep_weights_only(run_dir: str | Path) -> None:
+    """Drop all but the weights (model.safetensors) and trainer_state.json from a finished run's checkpoints: what the
+    case study reads (F5). A checkpoint so trimmed no longer resumes a run; a finished run needs none."""
+    if not (Path(run_dir) / "final").is_dir():
+        raise ValueError(f"{run_dir}: not finished (no final/), so its checkpoints may still be needed to resume it")
+    for ckpt in Path(run_dir).glob("checkpoints/step_*"):
+        for path in ckpt.iterdir():
+            if path.name not in ("model.safetensors", "trainer_state.json"):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
 # Config fields that say what a run folder keeps, not what is trained: a finished run serves a config that differs
 # in these only, if it kept the checkpoints that config keeps after final/ (the case study reads them).
 STORAGE_FIELDS = ("resume", "keep_checkpoints", "keep_checkpoints_after_final")

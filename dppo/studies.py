@@ -348,7 +348,7 @@ def paper_params(study: str) -> dict:
 # R1, every run of the CPU profile's methods (their experiments/cpu/*.yaml) with R1's model, task and sampling
 # (`real_overrides`) and R1's setup (REAL_SETUP), one seed a study until a study's verdict names the seeds it needs;
 # and F3 on batches of R1's model and task (no training run).
-REAL_STUDIES = ("main_results", "algorithms", "scale", "ablations", "sensitivity", "gradient_variance")
+REAL_STUDIES = ("main_results", "algorithms", "scale", "ablations", "sensitivity", "gradient_variance", "case_study")
 # Evaluations during training, every n steps, by study (the others: at the start and the end only). T1's feed F2's
 # curves and the time to GRPO's accuracy: every 8 of its 16 steps. One evaluation (512 samples) takes ~34 s here: at
 # R1's every 4, a seed's 21 evaluations took ~10 of its 26 minutes and T1 79. Every 8 keeps the evaluations of steps 8
@@ -357,6 +357,10 @@ REAL_EVAL_EVERY = {"main_results": 8}
 # A study's update layout where it is not the configs' (padding-free rows): T3's Gemma prompt is 8 worked facts long,
 # which dense rows would compute for each of a group's 8 completions (a GRPO update took 43-52 s a step, 13 shared).
 REAL_LAYOUTS = {"scale": SHARED_LAYOUT}
+# What a study's runs keep on disk where it is not R1's (no checkpoint after final/): F5 follows T1's methods over
+# training, so its runs (T1's of seed 0, trained again) keep a checkpoint every 4 of their 16 steps, as weights only
+# once trained (`results.keep_weights_only`: 0.54 GB each, 1.6 GB with the optimizer's state).
+REAL_CHECKPOINTS = {"case_study": {"save_every": 4, "keep_checkpoints": 4, "keep_checkpoints_after_final": True}}
 # A study's seeds (the others: seed 0). T5 keeps one: a second (31 min) would take the profile past its 4 hours.
 REAL_SEEDS = {"main_results": (0, 1, 2), "algorithms": (0, 1), "scale": (0, 1), "ablations": (0, 1)}
 # A study's own papermill parameters under the real profile: T1 without its shared-prompt rows (R1 has them) and without
@@ -370,7 +374,9 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0},
                      # per-sample gradient streamed into a count sketch of 2^18 buckets (quadratic forms within a
                      # relative standard deviation of 0.28%: docs/method.md §2.7)
                      # (27 of 64 base-model groups are zero-variance: 16 prompts give a batch's 4)
-                     "gradient_variance": {"config": "experiments/cpu/real_grpo.yaml", "sketch_dim": 2**18, "pool": 2}}
+                     "gradient_variance": {"config": "experiments/cpu/real_grpo.yaml", "sketch_dim": 2**18, "pool": 2},
+                     # F5: the problem picked among the first 64 held-out ones (8 answers each of every final model)
+                     "case_study": {"candidates": 64}}
 # Minutes a real-model run of each study takes on 2 cores, training and evaluations, measured (2026-12-05): T1's 5
 # runs of a seed took 21.7-23.8 min in turn (mean 23.0; GRPO ~5, DPPO ~3 minutes of training; evaluated every 8 steps),
 # T2's 6 runs 36.9 (3 of them unpruned; evaluated at the start and the end), T4 and T5's 15 runs 58.8 (seed 0, in 3
@@ -427,6 +433,7 @@ def real_params(study: str) -> dict:
         return {"profile": "real", **REAL_STUDY_PARAMS[study]}
     setup = {**REAL_SETUP, "eval_every": REAL_EVAL_EVERY.get(study, 1000)}  # curves: F2's only
     setup = {**setup, "keep_checkpoints_after_final": False}  # 1.6 GB a run once final/ (0.5 GB) is written
+    setup = {**setup, **REAL_CHECKPOINTS.get(study, {})}
     overrides = {**real_overrides(), **setup, **REAL_LAYOUTS.get(study, {})}
     return {"overrides": overrides, "profile": "real", **REAL_STUDY_PARAMS.get(study, {}),
             "seeds": list(REAL_SEEDS.get(study, (0,)))}
@@ -550,6 +557,11 @@ def study_layouts(study: str, configs: dict | None = None, overrides: dict | Non
         layouts = {"T5": apply(t5_runs(rates))}
     elif study == "real_model":
         layouts = {"R1": apply(REAL_RUNS)}
+    elif study == "case_study" and overrides:  # F5 trains T1's methods again, in folders of its own, to keep their
+        # checkpoints (the real profile's T1 keeps none after final/)
+        layouts = {"F5": apply({label: (cfg, over, sub.replace("main_results/", "case_study/", 1))
+                                for label, (cfg, over, sub) in T1_RUNS.items()
+                                if label not in TABLES["T1"].layout_rows})}
     else:
         layouts = {}
     if not shared_rows:

@@ -20,7 +20,8 @@ def real_runs(study: str) -> dict[str, TrainConfig]:
 
 
 def test_every_real_profile_run_trains_r1s_model_and_task():
-    """Every run but T3's larger rows (Gemma 3 270M: the next test); F3 trains none (it samples R1's config)."""
+    """Every run but T3's larger rows (Gemma 3 270M: the next test); F3 trains none (it samples R1's config); F5 trains
+    T1's methods again (seed 0) in folders of its own, keeping a checkpoint every 4 steps."""
     for study in studies.REAL_STUDIES:
         runs = real_runs(study)
         assert bool(runs) == (study not in studies.REAL_STUDY_MINUTES), study
@@ -32,9 +33,17 @@ def test_every_real_profile_run_trains_r1s_model_and_task():
                 continue
             assert (cfg.model_name_or_path, cfg.dataset, cfg.chat_template) == ("smollm2-135m", "arithmetic", True)
             assert (cfg.train_size, cfg.epochs, cfg.prompts_per_step, cfg.temperature) == (64, 2, 8, 0.7), out
-            assert not cfg.keep_checkpoints_after_final, out  # 1.6 GB a run: 36 runs filled a disk
+            # 1.6 GB a run: 36 runs filled a disk; F5's 5 runs keep theirs, as weights only (the case study reads them)
+            assert cfg.keep_checkpoints_after_final == (study == "case_study"), out
     t1 = studies.study_layouts("main_results", **studies.layout_params(studies.real_params("main_results")))["T1"]
     assert list(t1) == ["GRPO", "GRESO", "CPPO", "DPPO", "DPPO, proportional"]
+    f5 = real_runs("case_study")
+    assert [out.split("/")[-2] for out in f5] == ["grpo", "greso", "cppo", "dppo", "dppo_proportional"]
+    for out, cfg in f5.items():  # T1's seed-0 run of the method field for field, but where it trains and what it keeps
+        t1_cfg = real_runs("main_results")[out.replace("/case_study/", "/main_results/")]
+        keeps = ("output_dir", "save_every", "keep_checkpoints", "keep_checkpoints_after_final", "eval_every")
+        assert dataclasses.replace(cfg, **{f: getattr(t1_cfg, f) for f in keeps}) == t1_cfg, out
+        assert (cfg.save_every, cfg.keep_checkpoints, cfg.seed) == (4, 4, 0)
 
 
 def test_the_real_profiles_grpo_and_dppo_are_r1s():
