@@ -74,15 +74,20 @@ def learning(seeds: pd.DataFrame, baselines) -> str:
 
 
 def verdict(df: pd.DataFrame, seeds: pd.DataFrame, label: str, baseline: str) -> str:
-    """A row's verdict from its intervals: speed-up "faster" when the wall-clock interval lies above 1; accuracy
+    """A row's verdict from its intervals: speed-up "faster" when the wall-clock interval lies above 1, "slower"
+    when below, "speed unresolved" when it holds 1 (two seeds at 1.3x and 1.4x are not "not faster"); accuracy
     "higher" / "lower" when the gain's interval excludes 0, "kept" when it holds 0 within +-KEPT_MARGIN points,
     "unresolved at this power" when it holds 0 but is wider, and "unresolved" when the baseline did not learn (its
     gain over its start holds 0) or there is one seed. One seed has no interval: its speed word says so ("faster in
     1 seed"), never a bare "faster"; a row with no pair timed beside its baseline has none ("speed not timed")."""
     row = df.loc[label]
     one = math.isnan(row.get("speedup_ci", math.nan))
-    speed = "faster" if row["speedup"] - (0 if one else row["speedup_ci"]) > 1 else "not faster"
-    speed = "speed not timed" if math.isnan(row["speedup"]) else speed + (" in 1 seed" if one else "")
+    if one:
+        speed = ("faster" if row["speedup"] > 1 else "not faster") + " in 1 seed"
+    else:
+        lo, hi = row["speedup"] - row["speedup_ci"], row["speedup"] + row["speedup_ci"]
+        speed = "faster" if lo > 1 else "slower" if hi < 1 else "speed unresolved"
+    speed = "speed not timed" if math.isnan(row["speedup"]) else speed
     learned, half = _learned(seeds, baseline)
     if one or learned - half <= 0:
         acc = "unresolved"

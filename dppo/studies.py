@@ -384,9 +384,9 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0},
 # from a fresh clone, its 10 runs with T4's GRPO and DPPO, 39.9 (4.0 a run). Runs beside a timing twin (a GRPO, the
 # slowest run): T4's last 2 rows and the twin, both seeds, 26.7 (4.45 a run); T5's 8 cells and 2 twins 42.1 (4.2).
 # What --profile real --dry-run estimates with.
-# T3 not yet measured as a study: estimated from measured step times (Gemma 3 270M on shared-prompt rows, GRPO: 14-17 s
-# a step quiet, 332 s for 16 steps and a 512-sample evaluation; SmolLM2 as T1's runs), 4.5 a run.
-REAL_RUN_MINUTES = {"main_results": 23.0 / 5, "algorithms": 36.9 / 6, "scale": 4.5, "ablations": 58.8 / 15,
+# T3's 8 runs (2 seeds x SmolLM2 and Gemma 3 270M, GRPO and DPPO in turn on shared-prompt rows) took 36.6 min
+# (2026-12-06, 01:30-02:07 UTC; a SmolLM2 pair 7.4-8.5 min, a Gemma pair 9.7-11.0).
+REAL_RUN_MINUTES = {"main_results": 23.0 / 5, "algorithms": 36.9 / 6, "scale": 36.6 / 8, "ablations": 58.8 / 15,
                     "sensitivity": 58.8 / 15}
 # Minutes of a real-profile study that trains no run, measured the same way: F3's 20 batches (rollouts, per-sample
 # gradients and their sketches) and its mask draws, 33.4 (2026-12-05, 22:57-23:31 UTC).

@@ -83,9 +83,12 @@ def test_verdict_is_unresolved_when_the_baseline_did_not_learn():
     summary, seeds = _table([1.0, -1.0, 0.5], [20, 22, 21], [23, 19, 22], [1.8, 1.9, 2.0])
     assert verdict(summary, seeds, "DPPO", "GRPO") == "faster, accuracy unresolved"
     assert learning(seeds, ["GRPO"]).startswith("learned: GRPO +0.3 ± ")
-    # a learning baseline and a clearly lower DPPO; a speed-up whose interval holds 1
+    # a learning baseline and a clearly lower DPPO; a speed-up whose interval holds 1 (neither faster nor slower),
+    # then one below 1
     summary, seeds = _table([-5.0, -6.0, -5.5], [20, 22, 21], [30, 34, 32], [0.8, 1.3, 1.0])
-    assert verdict(summary, seeds, "DPPO", "GRPO") == "not faster, accuracy lower"
+    assert verdict(summary, seeds, "DPPO", "GRPO") == "speed unresolved, accuracy lower"
+    summary, seeds = _table([-5.0, -6.0, -5.5], [20, 22, 21], [30, 34, 32], [0.8, 0.85, 0.82])
+    assert verdict(summary, seeds, "DPPO", "GRPO") == "slower, accuracy lower"
     # a gain interval that holds 0 but also losses of more than 5 points: not "kept"
     summary, seeds = _table([9.0, -12.0, 4.0], [20, 22, 21], [30, 34, 32], [1.8, 1.9, 2.0])
     said = verdict(summary, seeds, "DPPO", "GRPO")
