@@ -6,7 +6,7 @@
 #   ./reproduce.sh                          the main table: T1 (GRPO, GRESO, CPPO, DPPO, DPPO-proportional, 3 seeds)
 #                                           and F2 on a real pretrained LLM (SmolLM2-135M-Instruct), ~70 min on 2
 #                                           cores (= --profile real --study main_results; figures/real/)
-#   ./reproduce.sh --profile real           the paper's tables on that model: T1 and F2, T2, T3, T4, T5, F3 (~5.2 h on 2
+#   ./reproduce.sh --profile real           the paper's tables: T1, F2, T2, T3 (+ Gemma 3 270M), T4, T5, F3, F5 (~6 h on 2
 #                                           cores; dppo.studies.real_params; runs under experiments/results/real,
 #                                           tables in figures/real); with --dry-run: its runs and estimated minutes
 #   ./reproduce.sh --profile cpu            every study on the embedded default, the quick profile (~35 min: a 1.0 M

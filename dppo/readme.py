@@ -220,11 +220,11 @@ def _f5(figures: Path) -> tuple[str, str]:
         n = d["samples"].iloc[0]
         ends[m] = (right.get((m, d["step"].min()), 0) / n, right.get((m, d["step"].max()), 0) / n)
     n = int(a["samples"].iloc[0])
-    what = (f"'{' '.join(str(a['question'].iloc[0]).split())}' (gold {a['gold'].iloc[0]}), right answers of {n} "
-            "sampled, first -> last checkpoint: " + ", ".join(f"{m} {s:.0%} -> {e:.0%}" for m, (s, e) in ends.items()))
+    what = (f"'{' '.join(str(a['question'].iloc[0]).split())}' (gold {a['gold'].iloc[0]}): right of {n} samples, "
+            "step 0 -> last: " + ", ".join(f"{m} {s:.0%} -> {e:.0%}" for m, (s, e) in ends.items()))
     dppo, pruned = ends.get("DPPO", (0, 0))[1], [ends[m][1] for m in ("CPPO", "GRESO") if m in ends]
-    said = ("one problem, one seed: an illustration. DPPO ends " +
-            ("above" if pruned and dppo > max(pruned) else "not above") + " CPPO and GRESO on it")
+    said = ("one problem, one seed (illustrative): DPPO ends " +
+            ("above" if pruned and dppo > max(pruned) else "not above") + " CPPO and GRESO")
     return what, said
 
 

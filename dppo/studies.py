@@ -386,8 +386,11 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0},
 # What --profile real --dry-run estimates with.
 # T3's 8 runs (2 seeds x SmolLM2 and Gemma 3 270M, GRPO and DPPO in turn on shared-prompt rows) took 36.6 min
 # (2026-12-06, 01:30-02:07 UTC; a SmolLM2 pair 7.4-8.5 min, a Gemma pair 9.7-11.0).
+# F5's 5 runs and its sampling (the problem picked among 64 x 8 answers of each final model, then 32 answers at each
+# of 5 checkpoints) took 48.4 min (2026-12-06, 02:10-02:58 UTC) with a test run of the author's beside it for 26 of
+# them: an upper bound (a quiet T1 run takes 4.6).
 REAL_RUN_MINUTES = {"main_results": 23.0 / 5, "algorithms": 36.9 / 6, "scale": 36.6 / 8, "ablations": 58.8 / 15,
-                    "sensitivity": 58.8 / 15}
+                    "sensitivity": 58.8 / 15, "case_study": 48.4 / 5}
 # Minutes of a real-profile study that trains no run, measured the same way: F3's 20 batches (rollouts, per-sample
 # gradients and their sketches) and its mask draws, 33.4 (2026-12-05, 22:57-23:31 UTC).
 REAL_STUDY_MINUTES = {"gradient_variance": 33.4}
