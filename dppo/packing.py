@@ -236,18 +236,18 @@ class MicroBatchPlan:
 
 
 def packed_completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
-                               temperature: float, capacity: int, layout: list[list[int]] | None = None
+                               temperature: float, capacity: int, rows: list[list[int]] | None = None
                                ) -> tuple[torch.Tensor, int]:
     """(logp [N, Tc] of each completion token in the input order, token slots processed).
 
-    One forward of the decoder over the packed rows — `layout` (rows of sequence indices, a `MicroBatchPlan`'s),
-    or `packed_layout` for the model's attention kernel — then the selective log-softmax at the completion
+    One forward of the decoder over the packed rows — `rows` (each a list of sequence indices: a `MicroBatch`'s
+    layout with its segments flattened), or `packed_layout` for the model's attention kernel — then the selective log-softmax at the completion
     positions (`scoring.TokenLogprobs`; `model` a causal LM or a wrapped TokenLogprobs); gradients flow outside
     `torch.no_grad()`."""
     lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
     scorer = as_scorer(model)
     kernel = _attention_kernel(scorer)
-    bins = packed_layout(lengths, capacity, kernel) if layout is None else layout
+    bins = packed_layout(lengths, capacity, kernel) if rows is None else rows
     check_layout(bins, kernel)
     width = max(sum(lengths[i] for i in b) for b in bins)
     ids = torch.full((len(bins), width), pad_id, dtype=torch.long)

@@ -206,8 +206,9 @@ class Selection:
 
 
 class Pruner:
-    """No pruning. Subclasses override a stage; `prune_step` calls select_prompts -> rollout ->
-    select_completions -> limit -> loss_weights, and the trainer calls after_step."""
+    """What a pruner does at each stage; here every stage keeps everything (`NoPruning`). Subclasses override a
+    stage; `prune_step` calls select_prompts -> rollout -> select_completions -> limit -> loss_weights, and the
+    trainer calls after_step."""
 
     weighted = True  # 1/pi weights on the kept rows (False: every kept row weighs 1)
     unbiased_z = True  # Z = unbiased_normaliser, fixed before the masks (False: kept_normaliser, a mean over the kept)
@@ -265,6 +266,10 @@ class Pruner:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+class NoPruning(Pruner):
+    """No pruning (`pruner: none`): GRPO's step, every prompt rolled out and every completion trained."""
 
 
 @dataclass
@@ -497,7 +502,7 @@ class DAPOFilter(Pruner):
 
 
 # name -> class; the config's `pruner` choices are these keys
-PRUNERS: dict[str, type[Pruner]] = {"none": Pruner, "dppo": DPPO, "dppo_biased": BiasedDPPO, "dppo_unweighted": UnweightedDPPO, "cppo": CPPO,
+PRUNERS: dict[str, type[Pruner]] = {"none": NoPruning, "dppo": DPPO, "dppo_biased": BiasedDPPO, "dppo_unweighted": UnweightedDPPO, "cppo": CPPO,
                                     "greso": GRESO, "dapo_filter": DAPOFilter}
 # the pruning fields each pruner reads (anything else set away from its default is an error in the config)
 PRUNER_FIELDS: dict[str, tuple[str, ...]] = {name: tuple(cls.config_fields) for name, cls in PRUNERS.items()

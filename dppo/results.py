@@ -66,7 +66,7 @@ def study_root(results_dir: str | Path = "", smoke: bool = False, profile: str =
     return results_root(smoke, profile) / results_dir
 
 
-def figures_dir(smoke: bool = False, profile: str = "cpu", results_dir: str | Path = "") -> Path:
+def figures_dir(results_dir: str | Path = "", smoke: bool = False, profile: str = "cpu") -> Path:
     """Where a study's tables and figures go: with a `results_dir`, `<study_root(results_dir)>/figures` (beside the
     runs they come from; the committed figures/ stay as they are); else figures/ (the paper profile: figures/paper,
     so the CPU figures stay; the real profile: figures/real), or a scratch folder for smoke (test) runs, or the toy

@@ -52,6 +52,7 @@ from dppo.runfiles import (MACHINE_METRICS, RunError, RunWarning, acquire_lock, 
                            read_jsonl_prefix, read_metrics, release_lock, run_metrics, write_atomic)
 # (read_metrics, run_metrics and MACHINE_METRICS are re-exported: a run folder is read through dppo.runfiles)
 from dppo.scoring import TokenLogprobs, completion_logprobs, pad_completions
+from dppo.update_stats import UpdateStats
 
 # what a rank with fewer micro-batches than the busiest scores (x 0) to keep the collectives in step: kept row 0 alone
 DUMMY_MICRO_BATCH = MicroBatch([[[0]]])
@@ -117,13 +118,6 @@ def prompt_template(cfg: TrainConfig) -> str:
     if cfg.dataset == "arithmetic":
         return arithmetic.PROMPT_TEMPLATE
     return PROMPT_TEMPLATE if cfg.model_name_or_path in EMBEDDED_SPECS else "{question}\n" + MATH_INSTRUCTION
-
-
-def _accumulate(sums: dict[str, list[float]], name: str, total: float, count: float) -> None:
-    """Add (sum, count) of a diagnostic, so its mean over micro-batches and epochs is exact."""
-    acc = sums.setdefault(name, [0.0, 0.0])
-    acc[0] += total
-    acc[1] += count
 
 
 class Timer:
@@ -218,7 +212,6 @@ class Trainer:
             if self.fsdp:
                 self.ref_model = shard_frozen(self.ref_model)
         self.shape = ModelShape.of(policy)  # FLOPs of each phase (dppo.cost)
-        self.flops: dict[str, float] = dict.fromkeys(("rollout", "old_logprob", "ref_logprob", "update"), 0.0)
         scorer = TokenLogprobs(policy)  # what DDP / FSDP wrap: the vocabulary projection inside the wrapped forward
         opt = torch.optim.AdamW(scorer.parameters(), lr=learning_rate(cfg, 0), weight_decay=cfg.weight_decay)
         # no scheduler object: accelerate's wrapper would step it once per process per call, and each training step
@@ -299,7 +292,6 @@ class Trainer:
         t_step, c_step = timer.now(), time.process_time()
         load = LoadMeter()  # what other work took of the machine's cores meanwhile (dppo.machine)
         load.start()
-        self.flops = dict.fromkeys(("rollout", "old_logprob", "ref_logprob", "update"), 0.0)
         G = cfg.group_size
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * self.step + 1)  # masks: own stream
         epoch = self.composer.covered // len(self.train)
@@ -333,8 +325,6 @@ class Trainer:
         timer.times["prune"] = timer.now() - t_prune - sum(timer.times[k] for k in inner)
         timer.cpu["prune"] = time.process_time() - c_prune - sum(timer.cpu[k] for k in inner)
         batch = RolloutBatch.concat(batches)
-        self.flops["rollout"] = self.shape.generation([len(p) for p in batch.prompt_ids],
-                                                      [len(c) for c in batch.completion_ids], cfg.group_size)
         sizes = step.completion.size  # the proportional rule's size proxy [K, G] (the prompt stage's next visit)
         for j, k in enumerate(step.rolled):
             self.history.update(k, step.rewards[j].tolist(), step.advantages[j].abs().tolist(),
@@ -342,8 +332,9 @@ class Trainer:
         lr = learning_rate(cfg, self.step)  # every optimizer update of this step uses it
         for group in self.opt.param_groups:
             group["lr"] = lr
-        stats = self.update(batch, step.rows.tolist(), step.advantages.reshape(-1), step.weights, step.normaliser,
-                            timer)
+        update = self.update(batch, step.rows.tolist(), step.advantages.reshape(-1), step.weights, step.normaliser,
+                             timer)
+        stats = update.metrics(cfg.ppo_epochs, timer.times["update"])
         self.skip_streak = self.skip_streak + 1 if stats["skipped_updates"] else 0
         self.skipped_steps += bool(stats["skipped_updates"])
         self.engine.sync_weights(self.policy)
@@ -353,7 +344,10 @@ class Trainer:
         timer.cpu["step"] = time.process_time() - c_step
         other_cores = load.stop()
         self.next_threads = free_cores(other_cores)  # what `intra_op_threads: -1` computes the next step with
-        self.flops["step"] = sum(self.flops.values())
+        flops = {"rollout": self.shape.generation([len(p) for p in batch.prompt_ids],
+                                                  [len(c) for c in batch.completion_ids], cfg.group_size),
+                 **{phase: update.flops.get(phase, 0.0) for phase in ("old_logprob", "ref_logprob", "update")}}
+        flops["step"] = sum(flops.values())
         rewards, n_rows, n_rolled = step.rewards, len(step.rows), len(step.rolled)
         lengths = step.lengths.reshape(-1).float()
         return {
@@ -370,49 +364,48 @@ class Trainer:
             "completion_length/truncated_frac": sum(batch.truncated) / max(1, len(batch.truncated)),
             **stats, "skipped_steps": self.skipped_steps, **extra_stats, "lr": lr,
             **{f"timing_s/{k}": v for k, v in timer.times.items()}, **{f"cpu_s/{k}": v for k, v in timer.cpu.items()},
-            **{f"flops/{k}": v for k, v in self.flops.items()}, "load/other_cores": other_cores,
+            **{f"flops/{k}": v for k, v in flops.items()}, "load/other_cores": other_cores,
             "load/threads": torch.get_num_threads(),
             **(self.memory.metrics() if self.memory is not None else {}),
         }
 
     def update(self, batch: RolloutBatch, rows: list[int], adv: torch.Tensor, weights: torch.Tensor,
-               normaliser: float, timer: Timer) -> dict:
-        """mu inner epochs of `num_minibatches` optimizer steps over the kept `rows`.
+               normaliser: float, timer: Timer) -> UpdateStats:
+        """mu inner epochs of `num_minibatches` optimizer steps over the kept `rows`; what it measured, summed over
+        every rank (`UpdateStats`).
 
         A minibatch holds a uniformly random 1/num_minibatches of the kept rows (of each rank's token-balanced
         share under data parallelism), and its loss uses Z n_mb / n: given the masks its expectation over the
         split is the step's L_hat, for every aggregation (§2.6). Each rank's loss is its share of the global
         one; backward(W x loss) because DDP / FSDP average gradients over the W ranks (`dppo.distributed`)."""
         cfg, W = self.cfg, self.world
+        stats = UpdateStats()
         if not rows:  # everything pruned: no forward, no optimizer step
-            return {"loss": 0.0, "grad_norm": 0.0, "skipped_updates": 0, "tokens/trained": 0, "density/valid_token": 0.0,
-                    "density/loss_token": 0.0, "throughput/update_tokens_per_s": 0.0}
-        p_ids = [batch.prompt_ids[r] for r in rows]
-        c_ids = [batch.completion_ids[r] for r in rows]
-        adv, n = adv[rows], len(rows)
-        groups = [r // cfg.group_size for r in rows]  # the prompt each kept row answers (shared packing)
+            return stats
+        # the kept rows: their prompts and completions, advantages, and the prompt each answers (shared packing)
+        p_ids, c_ids = [batch.prompt_ids[r] for r in rows], [batch.completion_ids[r] for r in rows]
+        adv, groups = adv[rows], [r // cfg.group_size for r in rows]
         shares = self.shares(p_ids, c_ids, groups, W)  # indices into the kept rows, per rank
-        on_policy = cfg.ppo_epochs * cfg.num_minibatches == 1
-        old_logp = None
-        if not on_policy:  # with a single update the ratio is 1 at the update: old = current, detached
+
+        # 1. log-probs without gradients: the old policy's (off-policy only; on-policy the ratio is 1 at the
+        # update), the reference's (KL), the rollout engine's (truncated importance sampling)
+        old_logp = ref_logp = rollout_logp = None
+        if cfg.ppo_epochs * cfg.num_minibatches > 1:
             with timer("old_logprob"):
-                old_logp = self.logprobs_no_grad(self.model, p_ids, c_ids, groups, shares, phase="old_logprob")
-        ref_logp = None
+                old_logp, flops = self.logprobs_no_grad(self.model, p_ids, c_ids, groups, shares)
+            stats.add_flops("old_logprob", flops)
         if self.ref_model is not None:  # sharded under FSDP: every rank in step; else this rank's rows only
             with timer("ref_logprob"):
-                ref_logp = self.logprobs_no_grad(self.ref_model, p_ids, c_ids, groups,
-                                                 shares if self.fsdp else [shares[self.rank]], phase="ref_logprob")
-        rollout_logp = None  # truncated importance sampling against the rollout engine's log-probs
+                ref_logp, flops = self.logprobs_no_grad(self.ref_model, p_ids, c_ids, groups,
+                                                        shares if self.fsdp else [shares[self.rank]])
+            stats.add_flops("ref_logprob", flops)
         if cfg.rollout_is_correction == "tis":
             rollout_logp = pad_completions([batch.logprobs[r] for r in rows], None, self.accelerator.device)[0]
+
+        # 2. the optimizer steps: ppo_epochs passes, each over num_minibatches random splits of every rank's share
         self.model.train()
         # every rank's minibatches (the same generators on every rank), so all know the global sizes and counts
         gens = [torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step + 104_729 * r) for r in range(W)]
-        loss_sum, grad_norm_sum, sums = 0.0, 0.0, {}  # sums: diagnostic -> [sum, count] over the whole update
-        n_updates, slots, loss_tokens, real_tokens = 0, 0, 0, 0  # slots processed, completion tokens, non-pad tokens
-        n_skipped = 0  # optimizer updates skipped for a non-finite gradient
-        fwd_flops = 0.0  # forward FLOPs of the update's micro-batches (dppo.cost)
-        ddp = W > 1 and not self.fsdp  # DDP: one gradient all-reduce per minibatch; FSDP reduce-scatters each backward
         with timer("update"):
             for _ in range(cfg.ppo_epochs):
                 perms = [[shares[r][i] for i in (torch.randperm(len(shares[r]), generator=gens[r]).tolist()
@@ -421,53 +414,52 @@ class Trainer:
                 for mb in range(cfg.num_minibatches):
                     mb_rows = [perm[mb::cfg.num_minibatches] for perm in perms]  # per rank
                     n_mb = sum(len(x) for x in mb_rows)
-                    if not n_mb:  # fewer kept rows than minibatches
-                        continue
-                    mb_norm = normaliser * n_mb / n
-                    plans = [self.micro_batches(x, p_ids, c_ids, groups) for x in mb_rows]
-                    micro = pad_to(plans[self.rank], max(len(x) for x in plans), DUMMY_MICRO_BATCH)
-                    self.opt.zero_grad(set_to_none=True)
-                    for m, (real_mb, mbatch) in enumerate(micro):
-                        sync = not ddp or m == len(micro) - 1
-                        with (nullcontext() if sync else self.accelerator.no_sync(self.model)):
-                            loss, n_slots, st = self.micro_batch_loss(
-                                mbatch, p_ids, c_ids, adv, weights, mb_norm, old_logp, ref_logp, rollout_logp)
-                            if not real_mb:  # a dummy: keeps this rank's collectives in step, adds nothing
-                                loss = loss * 0.0
-                            scaled = loss * W if W > 1 else loss
-                            self.accelerator.backward(scaled if self.scaler is None else self.scaler.scale(scaled))
-                        if not real_mb:
-                            continue
-                        loss_sum += loss.item()
-                        for name, (total, count) in st.items():
-                            _accumulate(sums, name, total, count)
-                        segs = mbatch.segment_lengths(p_ids, c_ids)
-                        slots += n_slots
-                        fwd_flops += self.forward_flops(segs, n_slots)
-                        loss_tokens += sum(sum(cs) for _, cs in segs)
-                        real_tokens += sum(p + sum(cs) for p, cs in segs)
-                    norm, skipped = self.optimizer_step()
-                    grad_norm_sum += norm
-                    n_updates += 1
-                    n_skipped += skipped
+                    if n_mb:  # (none: fewer kept rows than minibatches)
+                        stats = stats.merge(self.minibatch_step(mb_rows, p_ids, c_ids, groups, adv, weights,
+                                                                normaliser * n_mb / len(rows), old_logp, ref_logp,
+                                                                rollout_logp))
         self.opt.zero_grad(set_to_none=True)  # gradients freed before the next rollout (vLLM wakes into that memory)
         self.model.eval()
-        if W > 1:  # every rank's share of the loss and diagnostics, added up
-            parts = all_gather((loss_sum, sums, slots, loss_tokens, real_tokens, fwd_flops, self.flops))
-            loss_sum, slots, loss_tokens, real_tokens, fwd_flops = (sum(p[i] for p in parts) for i in (0, 2, 3, 4, 5))
-            for phase in ("old_logprob", "ref_logprob"):
-                self.flops[phase] = sum(p[6][phase] for p in parts)
-            sums = {}
-            for _, part, *_ in parts:
-                for name, (total, count) in part.items():
-                    _accumulate(sums, name, total, count)
-        self.flops["update"] = fwd_flops * training_multiplier(cfg.gradient_checkpointing)
-        n_updates = max(1, n_updates)
-        return {"loss": loss_sum / n_updates, **{k: s / max(c, 1.0) for k, (s, c) in sums.items()},
-                "grad_norm": grad_norm_sum / n_updates, "skipped_updates": n_skipped,
-                "tokens/trained": loss_tokens // cfg.ppo_epochs, "density/valid_token": real_tokens / max(1, slots),
-                "density/loss_token": loss_tokens / max(1, slots),
-                "throughput/update_tokens_per_s": loss_tokens / max(1e-9, timer.times["update"])}
+
+        # 3. every rank's sums added up; the update's FLOPs: its forwards x the backward's multiple
+        if W > 1:
+            stats = UpdateStats.merged(all_gather(stats))
+        stats.flops["update"] = stats.flops.get("update", 0.0) * training_multiplier(cfg.gradient_checkpointing)
+        return stats
+
+    def minibatch_step(self, mb_rows: list[list[int]], p_ids: list[list[int]], c_ids: list[list[int]],
+                       groups: list[int], adv: torch.Tensor, weights: torch.Tensor, mb_norm: float,
+                       old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
+                       rollout_logp: torch.Tensor | None) -> UpdateStats:
+        """One optimizer step over a minibatch (`mb_rows[rank]`: each rank's kept rows in it) with normaliser
+        `mb_norm`: the gradients of its micro-batches accumulated (a rank with fewer runs dummies, so collectives
+        stay in step; DDP all-reduces once, at the last), then clipped and applied; this rank's sums (the update's
+        forward FLOPs under "update")."""
+        ddp = self.world > 1 and not self.fsdp  # DDP: one all-reduce a minibatch; FSDP reduce-scatters each backward
+        plans = [self.micro_batches(x, p_ids, c_ids, groups) for x in mb_rows]
+        micro = pad_to(plans[self.rank], max(len(x) for x in plans), DUMMY_MICRO_BATCH)
+        stats = UpdateStats()
+        self.opt.zero_grad(set_to_none=True)
+        for m, (real_mb, mbatch) in enumerate(micro):
+            sync = not ddp or m == len(micro) - 1
+            with (nullcontext() if sync else self.accelerator.no_sync(self.model)):
+                loss, n_slots, diagnostics = self.micro_batch_loss(
+                    mbatch, p_ids, c_ids, adv, weights, mb_norm, old_logp, ref_logp, rollout_logp)
+                if not real_mb:  # a dummy: keeps this rank's collectives in step, adds nothing
+                    loss = loss * 0.0
+                scaled = loss * self.world if self.world > 1 else loss
+                self.accelerator.backward(scaled if self.scaler is None else self.scaler.scale(scaled))
+            if real_mb:
+                segs = mbatch.segment_lengths(p_ids, c_ids)
+                stats.loss_sum += loss.item()
+                stats.add_diagnostics(diagnostics)
+                stats.slots += n_slots
+                stats.add_flops("update", self.forward_flops(segs, n_slots))
+                stats.loss_tokens += sum(sum(cs) for _, cs in segs)
+                stats.real_tokens += sum(p + sum(cs) for p, cs in segs)
+        norm, skipped = self.optimizer_step()
+        stats.grad_norm_sum, stats.optimizer_steps, stats.skipped_steps = norm, 1, int(skipped)
+        return stats
 
     def micro_batch_loss(self, mbatch: MicroBatch, p_ids: list[list[int]], c_ids: list[list[int]], adv: torch.Tensor,
                          weights: torch.Tensor, mb_norm: float, old_logp: torch.Tensor | None,
@@ -492,14 +484,12 @@ class Trainer:
                 for name, x in (("rollout_is/weight", tis),
                                 ("rollout_is/capped_frac", (tis >= cfg.rollout_is_cap).to(mask) * mask),
                                 ("rollout/logprob_abs_diff", gap.abs())):
-                    _accumulate(sums, name, float(x.sum()), float(mask.sum()))
+                    sums[name] = [float(x.sum()), float(mask.sum())]
             loss, st = policy_objective(
                 logp, old, adv[idx].to(logp), mask, weights[idx].to(logp.device), mb_norm, loss_type=cfg.loss_type,
                 agg=cfg.loss_agg, clip_low=cfg.clip_low, clip_high=cfg.clip_high, ref_logp=ref, kl_coef=cfg.kl_coef,
                 kl_bias_correction=cfg.kl_bias_correction, max_len=cfg.max_new_tokens, token_weight=tis)
-        for name, (total, count) in st.items():
-            _accumulate(sums, name, total, count)
-        return loss, n_slots, sums
+        return loss, n_slots, {**sums, **st}
 
     def optimizer_step(self) -> tuple[float, bool]:
         """(global gradient norm, skipped) of one optimizer update: unscale (fp16), clip to max_grad_norm (inf =
@@ -543,9 +533,9 @@ class Trainer:
             return shared_prompt_logprobs(model, mp, mc, None, self.tok.pad_token_id, cfg.temperature,
                                           cfg.pack_capacity, layout=mbatch.local_layout())
         if self.plan.packing == "dense":
-            layout = [[i for seg in row for i in seg] for row in mbatch.local_layout()]
+            rows = [[i for seg in row for i in seg] for row in mbatch.local_layout()]
             return packed_completion_logprobs(model, mp, mc, self.tok.pad_token_id, cfg.temperature,
-                                              cfg.pack_capacity, layout=layout)
+                                              cfg.pack_capacity, rows=rows)
         logp = completion_logprobs(model, mp, mc, self.tok.pad_token_id, cfg.temperature)
         return logp, len(mp) * max(len(a) + len(b) for a, b in zip(mp, mc))
 
@@ -559,23 +549,24 @@ class Trainer:
                               enabled=self.compute_dtype is not None)
 
     def logprobs_no_grad(self, model, p_ids: list[list[int]], c_ids: list[list[int]], groups: list[int],
-                         shares: list[list[int]] | None = None, phase: str | None = None) -> torch.Tensor:
-        """Old / reference log-probs [N, Tc_max] of the kept rows (`groups[i]`: the prompt row i answers), in the
-        update's micro-batches: of this rank's share `shares[rank]` when given (other rows stay 0), every rank
-        running as many forwards as the busiest (FSDP's all-gathers are collectives); of every row otherwise."""
+                         shares: list[list[int]] | None = None) -> tuple[torch.Tensor, float]:
+        """(old / reference log-probs [N, Tc_max] of the kept rows (`groups[i]`: the prompt row i answers), this
+        rank's forward FLOPs): in the update's micro-batches, of this rank's share `shares[rank]` when given (other
+        rows stay 0), every rank running as many forwards as the busiest (FSDP's all-gathers are collectives); of
+        every row otherwise."""
         mine = list(range(len(c_ids))) if shares is None else shares[min(self.rank, len(shares) - 1)]
         plans = [self.micro_batches(x, p_ids, c_ids, groups) for x in (shares or [mine])]
         out = torch.zeros((len(c_ids), max(len(c) for c in c_ids)), device=self.accelerator.device)
         mine_plan = self.micro_batches(mine, p_ids, c_ids, groups)
+        flops = 0.0
         with torch.no_grad(), self.autocast():
             for real_mb, mbatch in pad_to(mine_plan, max(len(x) for x in plans), DUMMY_MICRO_BATCH):
                 lp, n_slots = self.score(model, p_ids, c_ids, mbatch)
-                if real_mb and phase:  # this rank's forward FLOPs of the phase (summed over ranks in update)
-                    self.flops[phase] += self.forward_flops(mbatch.segment_lengths(p_ids, c_ids), n_slots)
                 if real_mb:
+                    flops += self.forward_flops(mbatch.segment_lengths(p_ids, c_ids), n_slots)
                     out = out.to(lp.dtype)
                     out[mbatch.rows, : lp.shape[1]] = lp
-        return out
+        return out, flops
 
     # ------------------------------------------------------------ eval, checkpoints, loop
     def run_eval(self) -> dict[str, float]:

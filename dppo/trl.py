@@ -358,6 +358,67 @@ class _Generation:
     local_keep: torch.Tensor | None = None  # [n_local] bool, this process's rows
 
 
+# Every method of TRL's GRPOTrainer (or of transformers' Trainer under it) that DPPOTrainer overrides: the parameters
+# TRL's own takes in TESTED_TRL (tests/test_trl.py checks them against the installed TRL, and that no override is
+# missing here) and what the override borrows it for. Each hands over to TRL's when no rate is set. docs/trl.md lists
+# them.
+OVERRIDDEN: dict[str, tuple[tuple[str, ...], str]] = {
+    "__init__": (
+        ("model", "reward_funcs", "args", "train_dataset", "eval_dataset", "processing_class",
+         "reward_processing_classes", "callbacks", "optimizers", "quantization_config", "peft_config", "tools",
+         "rollout_func", "environment_factory"),
+        "the pruner, the prompt history and the pruning log beside TRL's state"),
+    "train": (
+        ("resume_from_checkpoint", "trial", "ignore_keys_for_eval"),
+        "ignore_data_skip: the sampler restores its own position (transformers would skip batches by TRL's unpruned "
+        "pass length)"),
+    "get_train_dataloader": (
+        (),
+        "the dataset indexed (each row carries its dataset index, the history's key)"),
+    "get_batch_samples": (
+        ("epoch_iterator", "num_batches", "device"),
+        "counts an optimizer step's real (not padding) micro-batches"),
+    "training_step": (
+        ("model", "inputs", "num_items_in_batch"),
+        "a pruned pass's last window completed with zero-weight padding steps, normalised by its real micro-batches"),
+    "_set_signature_columns_if_needed": (
+        (),
+        "keeps dppo's columns (dataset index, sampler batch) through TRL's column removal"),
+    "_get_train_sampler": (
+        ("dataset",),
+        "the prompt stage: PruningSampler composes each generation batch from the history"),
+    "_prepare_inputs": (
+        ("generation_batch",),
+        "a padding batch reuses the last generation batch, every row at weight 0"),
+    "_generate_and_score_completions": (
+        ("inputs",),
+        "hands the sampler's composition to _generate; each kept row's weight attached to TRL's output "
+        "(_attach_weights)"),
+    "_generate": (
+        ("prompts",),
+        "the completion stage, right after generation and before the log-prob passes: rewards and full-group "
+        "advantages computed there (TRL's private 8-tuple read by position)"),
+    "_calculate_rewards": (
+        ("inputs", "prompts", "completions", "completion_ids_list"),
+        "the rewards _generate already computed"),
+    "_get_per_token_logps_and_entropies": (
+        ("model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy", "compute_aux_loss",
+         "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+         "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids"),
+        "the old-policy, reference and update passes score kept rows only, packed (pack_sequences)"),
+    "_compute_loss": (
+        ("model", "inputs"),
+        "TRL's per-token loss, each kept row's scaled by c_r (carried in tool_mask, aggregated by the dapo branch "
+        "with a num_items_in_batch set to match)"),
+    "_save_checkpoint": (
+        ("model", "trial"),
+        "dppo_state.json (history, pruner, sampler position) inside TRL's checkpoint"),
+    "_load_optimizer_and_scheduler": (
+        ("checkpoint",),
+        "dppo_state.json read back on resume"),
+}
+
+
 class DPPOTrainer(GRPOTrainer):
     """GRPOTrainer with DPPO's prompt and completion pruning (module docstring; docs/trl.md).
 

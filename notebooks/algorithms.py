@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -44,7 +44,7 @@ from dppo import results, studies, tables
 layout = studies.study_layouts("algorithms", configs=configs, overrides=overrides)["T2"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
                           baseline=studies.TABLES["T2"].baseline)  # a run with its baseline, where they fit
-out = results.figures_dir(smoke, profile, results_dir)
+out = results.figures_dir(results_dir, smoke, profile)
 t2 = tables.build(studies.TABLES["T2"], layout, runs, out, profile)  # each X + DPPO against X (dppo.studies.Table)
 display(Markdown((out / "T2_algorithms.md").read_text()))
 

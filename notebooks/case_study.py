@@ -44,7 +44,7 @@ from dppo.case_study import case_study_answers
 
 t1_dir = results_dir or (studies.paper_params("main_results").get("results_dir", "") if profile == "paper" else "")
 t1_root = results.study_root(t1_dir, smoke, profile)  # where main_results trained T1
-out = results.figures_dir(smoke, profile, results_dir)
+out = results.figures_dir(results_dir, smoke, profile)
 # T1's methods on its layout (not the shared-prompt rows: the same methods, another layout; the paper profile has none)
 methods = {label: row for label, row in studies.T1_RUNS.items() if label not in studies.TABLES["T1"].layout_rows}
 own = studies.study_layouts("case_study", overrides=overrides).get("F5", {})  # trained here (the real profile)

@@ -220,7 +220,7 @@ display(Markdown(proxy_table.to_markdown()))
 correlations.groupby("split").median(numeric_only=True).drop(columns="batch_seed").round(2)
 
 # %%
-fig = figures.figure_f3(data_dir, out=results.figures_dir(smoke, profile, results_dir), rules=[default, chosen])
+fig = figures.figure_f3(data_dir, out=results.figures_dir(results_dir, smoke, profile), rules=[default, chosen])
 
 # %% [markdown]
 # ## What this shows beside the paper

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -50,7 +50,7 @@ layout = studies.study_layouts("main_results", configs=configs, overrides=overri
                                 shared_rows=shared_rows)["T1"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
                           baseline=studies.TABLES["T1"].baseline)  # a run with its baseline, where they fit
-out = results.figures_dir(smoke, profile, results_dir)
+out = results.figures_dir(results_dir, smoke, profile)
 t1 = tables.build(studies.TABLES["T1"], layout, runs, out, profile)  # its recipe: the registry's (dppo.studies.Table)
 equal = pd.read_csv(out / "T1_main_results_equal_compute.csv", index_col=0)
 display(Markdown((out / "T1_main_results.md").read_text()))

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -49,7 +49,7 @@ bench = pd.read_csv(data_dir / "packing.csv")
 bench
 
 # %%
-fig = figures.figure_f4(data_dir, root, out=results.figures_dir(smoke, profile, results_dir))
+fig = figures.figure_f4(data_dir, root, out=results.figures_dir(results_dir, smoke, profile))
 
 # %% [markdown]
 # ## What this shows beside the paper

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -40,7 +40,7 @@ from dppo import figures, results, studies, tables, toy
 
 started = time.time() - 1  # what this execution writes is newer (a file's time is coarser than the clock's)
 root = results.study_root(results_dir, smoke, profile)
-out = results.figures_dir(smoke, profile, results_dir)
+out = results.figures_dir(results_dir, smoke, profile)
 paper = profile != "cpu" and not results_dir  # each study's runs where its profile's parameters put them
 # a study's parameters under the profile as ./reproduce.sh gave them (--toy: with experiments/paper/toy.yaml's)
 params_of = toy.study_params if toy.active() else lambda study: studies.profile_params(study, profile)

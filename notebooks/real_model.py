@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -47,7 +47,7 @@ if smoke:
 layout = studies.study_layouts("real_model", configs=configs, overrides=overrides, shared_rows=shared_rows)["R1"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
                           baseline=studies.TABLES["R1"].baseline)  # a run with its baseline, where they fit
-out = results.figures_dir(smoke, profile, results_dir)
+out = results.figures_dir(results_dir, smoke, profile)
 r1 = tables.build(studies.TABLES["R1"], layout, runs, out, profile)  # its recipe: the registry's (dppo.studies.Table)
 equal = pd.read_csv(out / "R1_real_model_equal_compute.csv", index_col=0)
 display(Markdown((out / "R1_real_model.md").read_text()))

@@ -48,7 +48,7 @@ layout = studies.study_layouts("scale", configs=configs, overrides=overrides, la
                                large_config=large_config, model_labels=model_labels)["T3"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
                           baseline=studies.TABLES["T3"].baseline)  # a run with its baseline, where they fit
-out = results.figures_dir(smoke, profile, results_dir)
+out = results.figures_dir(results_dir, smoke, profile)
 small, large = model_labels
 t3 = tables.build(studies.TABLES["T3"], layout, runs, out, profile)  # each DPPO against its model's GRPO
 display(Markdown((out / "T3_scale.md").read_text()))

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -42,7 +42,7 @@ from dppo import figures, results, studies, tables
 
 if smoke:
     rates = list(studies.T5_SMOKE_RATES)
-out = results.figures_dir(smoke, profile, results_dir)
+out = results.figures_dir(results_dir, smoke, profile)
 layout = studies.study_layouts("sensitivity", configs=configs, overrides=overrides, rates=rates)["T5"]
 # a seed's runs train in turn, step by step, as many together as fit in memory: a wall-clock speed-up is paired only
 # within a group, so a group of GRPO's rows without GRPO also trains GRPO's timing twin (docs/method.md §5.1)

@@ -127,9 +127,9 @@ def test_a_kernel_that_ignores_the_mask_scores_the_padded_log_probs(embedded64, 
     assert float((got - want)[valid].abs().max()) < 1e-10
     several = [[0, 1, 2], [3, 4, 5]]
     with pytest.raises(ValueError, match="does not separate sequences"):
-        packed_completion_logprobs(model, prompts, completions, 0, 1.0, 64, layout=several)
+        packed_completion_logprobs(model, prompts, completions, 0, 1.0, 64, rows=several)
     monkeypatch.setattr(packing, "check_layout", lambda *a: None)
-    wrong, _ = packed_completion_logprobs(model, prompts, completions, 0, 1.0, 64, layout=several)
+    wrong, _ = packed_completion_logprobs(model, prompts, completions, 0, 1.0, 64, rows=several)
     assert float((wrong - want)[valid].abs().max()) > 1e-3
 
 

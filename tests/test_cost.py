@@ -207,10 +207,10 @@ def test_table_columns_come_from_the_runs_eval_keys_and_gpu_tables_drop_cpu_colu
     assert "speed-up" in header and "speed-up (FLOPs)" in header and "speed-up (CPU)" not in header
     assert "†" not in tables.markdown(summary, cpu_columns=False)
     assert "speed-up (CPU)" in tables.markdown(summary)  # the CPU profile keeps it
-    assert results.figures_dir(False, "paper") == results.FIGURES / "paper"
+    assert results.figures_dir(profile="paper") == results.FIGURES / "paper"
     assert results.results_root(False, "paper") == results.RESULTS / "paper"
     with pytest.raises(ValueError, match="parameter 'profile' must be one of"):
-        results.figures_dir(False, "gpu")
+        results.figures_dir(profile="gpu")
 
 
 def _curve_run(path, step_s, step_flops, evals, steps, other_cores=0.02):

@@ -114,12 +114,13 @@ def test_the_reference_scores_like_the_policy_so_the_kl_is_zero_before_the_first
     tr = _trainer(tmp_path, dtype="bfloat16", kl_coef=0.05, packing="dense")
     batch, adv = _batch(tr)
     groups = [r // 4 for r in range(len(batch.completion_ids))]  # the rows' prompt groups
-    policy = tr.logprobs_no_grad(tr.model, batch.prompt_ids, batch.completion_ids, groups)
-    ref = tr.logprobs_no_grad(tr.ref_model, batch.prompt_ids, batch.completion_ids, groups)
+    policy = tr.logprobs_no_grad(tr.model, batch.prompt_ids, batch.completion_ids, groups)[0]
+    ref = tr.logprobs_no_grad(tr.ref_model, batch.prompt_ids, batch.completion_ids, groups)[0]
     assert torch.equal(policy, ref)
     assert next(tr.ref_model.parameters()).dtype == torch.float32
     stats = tr.update(batch, list(range(len(batch.completion_ids))), adv, torch.ones(len(adv)), float(len(adv)), Timer())
-    assert stats["kl"] == 0.0, stats["kl"]
+    kl = stats.metrics(1, 1.0)["kl"]
+    assert kl == 0.0, kl
 
 
 class _HeadMatmuls:

@@ -218,9 +218,9 @@ def test_study_overrides_apply_only_where_valid_and_every_run_stays_a_valid_conf
 def test_results_dir_takes_the_tables_and_figures_along():
     assert results.figures_dir() == results.FIGURES
     assert results.figures_dir(profile="paper") == results.FIGURES / "paper"
-    assert results.figures_dir(False, "cpu", "mine") == results.RESULTS / "mine" / "figures"
-    assert results.figures_dir(False, "paper", "mine") == results.RESULTS / "paper" / "mine" / "figures"
-    assert results.figures_dir(True, "cpu", "/abs/mine") == Path("/abs/mine/figures")
+    assert results.figures_dir("mine", False, "cpu") == results.RESULTS / "mine" / "figures"
+    assert results.figures_dir("mine", False, "paper") == results.RESULTS / "paper" / "mine" / "figures"
+    assert results.figures_dir("/abs/mine", True, "cpu") == Path("/abs/mine/figures")
 
 
 def test_a_notebook_with_results_dir_leaves_the_default_figures_alone(tmp_path):

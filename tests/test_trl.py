@@ -473,3 +473,24 @@ def test_resume_in_the_middle_of_a_generation_batch(tmp_path):
     c.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-6"))
     assert list(c.pruning_log) == [] and c.prompt_history.state_dict() == a.prompt_history.state_dict()
     assert c.pruner.kl_estimate == 1.0
+
+
+def test_every_trl_method_dppotrainer_overrides_is_listed_with_trls_parameters():
+    """dppo.trl.OVERRIDDEN is the list the TRL version gate protects: every method of GRPOTrainer (or of Trainer under
+    it) that DPPOTrainer defines is in it, with the parameters the installed TRL's takes, each of which DPPOTrainer's
+    accepts too; docs/trl.md names each. A new override left out of the list, or a TRL whose method takes other
+    parameters, fails here."""
+    import inspect
+
+    from dppo.trl import OVERRIDDEN
+
+    mine = {name for name, value in vars(DPPOTrainer).items() if callable(value) and hasattr(GRPOTrainer, name)}
+    assert mine == set(OVERRIDDEN), (sorted(mine - set(OVERRIDDEN)), sorted(set(OVERRIDDEN) - mine))
+    page = (Path(__file__).resolve().parents[1] / "docs" / "trl.md").read_text()
+    for name, (params, why) in OVERRIDDEN.items():
+        theirs = tuple(inspect.signature(getattr(GRPOTrainer, name)).parameters)[1:]  # (self)
+        assert theirs == params, (name, theirs)
+        ours = inspect.signature(getattr(DPPOTrainer, name)).parameters
+        anything = any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in ours.values())
+        assert anything or set(theirs) <= set(ours), (name, tuple(ours))
+        assert f"`{name}`" in page and why, name
