@@ -122,7 +122,7 @@ echo
 echo "[reproduce] done in $(( (SECONDS - t_all) / 60 )) min $(( (SECONDS - t_all) % 60 )) s; time per study:"
 printf '  %s\n' "${summary[@]}"
 figs="$("$VENV/bin/python" -c 'import os, sys; from dppo import results
-print(os.path.relpath(results.figures_dir(False, *sys.argv[1:])))' "$profile" "$rd")"
+print(os.path.relpath(results.figures_dir(sys.argv[2], False, sys.argv[1])))' "$profile" "$rd")"
 echo "[reproduce] regenerated ($figs/): $(ls "$figs" | tr '\n' ' ')"
 if [ "$figs" = figures ] || [ "$figs" = figures/real ]; then  # the committed figures: the README's results tables
   "$VENV/bin/python" -m dppo.readme  # from them (one source), and the executed paper_figures (every table and figure

@@ -34,9 +34,9 @@ class UpdateStats:
         self.flops[phase] = self.flops.get(phase, 0.0) + flops
 
     def merge(self, other: UpdateStats) -> UpdateStats:
-        """self + other, field by field (a new value; neither is changed)."""
+        """self + other of one rank (its minibatches), field by field (a new value; neither is changed)."""
         out = UpdateStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)
-                             if f.name not in ("flops", "diagnostics")})
+                             if f.name not in ("ranks", "flops", "diagnostics")}, ranks=self.ranks)
         for stats in (self, other):
             for phase, value in stats.flops.items():
                 out.add_flops(phase, value)
@@ -45,10 +45,11 @@ class UpdateStats:
 
     @staticmethod
     def merged(parts: list[UpdateStats]) -> UpdateStats:
-        """The sum of every rank's stats (in rank order)."""
+        """The sum of every rank's stats (in rank order), counting the ranks."""
         out = parts[0]
         for part in parts[1:]:
             out = out.merge(part)
+        out.ranks = sum(part.ranks for part in parts)
         return out
 
     def metrics(self, ppo_epochs: int, update_seconds: float) -> dict[str, float]:

@@ -40,3 +40,12 @@ def test_an_update_that_trained_nothing_reports_zeros():
     m = UpdateStats().metrics(ppo_epochs=2, update_seconds=0.0)
     assert m == {"loss": 0.0, "grad_norm": 0.0, "skipped_updates": 0, "tokens/trained": 0, "density/valid_token": 0.0,
                  "density/loss_token": 0.0, "throughput/update_tokens_per_s": 0.0}
+
+
+def test_a_ranks_minibatches_add_up_without_counting_as_ranks():
+    """Two optimizer steps of one rank (norms 1 and 3, the second skipped) merged as the update merges its
+    minibatches: the mean norm is 2 and one step was skipped (counting each minibatch as a rank halved both)."""
+    first, second = _rank(1.0, 1.0, 0.5, [1.0], 0, 2), _rank(3.0, 1.0, 0.5, [3.0], 1, 2)
+    update = UpdateStats().merge(first).merge(second)
+    m = update.metrics(ppo_epochs=1, update_seconds=1.0)
+    assert update.ranks == 1 and m["grad_norm"] == 2.0 and m["skipped_updates"] == 1 and m["loss"] == 0.5
