@@ -347,7 +347,7 @@ def paper_params(study: str) -> dict:
 # ./reproduce.sh --profile real: the paper's tables (T1 with its five methods and F2, T2, T4, T5) on the real model of
 # R1, every run of the CPU profile's methods (their experiments/cpu/*.yaml) with R1's model, task and sampling
 # (`real_overrides`) and R1's setup (REAL_SETUP), one seed a study until a study's verdict names the seeds it needs;
-# and F3 on batches of R1's model and task (no training run).
+# F3 on batches of R1's model and task (no training run); F5 on T1's methods trained again with checkpoints.
 REAL_STUDIES = ("main_results", "algorithms", "scale", "ablations", "sensitivity", "gradient_variance", "case_study")
 # Evaluations during training, every n steps, by study (the others: at the start and the end only). T1's feed F2's
 # curves and the time to GRPO's accuracy: every 8 of its 16 steps. One evaluation (512 samples) takes ~34 s here: at
