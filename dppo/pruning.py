@@ -14,8 +14,9 @@ Non-candidates are always kept (pi = 1). DPPO's `inclusion="proportional"` inste
 independently (Poisson sampling) with pi proportional to a gradient-size proxy (`SIZE_PROXIES`), at the uniform
 rule's expected budget (`proportional_probs`), optionally mixed with the uniform rule's probabilities (§2.10).
 
-`prune_step` is the one place a step's stages run in order (prompt stage -> rollout -> full-group advantages
--> completion stage -> weights and normaliser); the trainer, `dppo.variance` and the tests all call it.
+A step's stages are plain functions on values: `prompt_stage` -> (the caller's rollout) -> `wants_refill` (DAPO)
+-> `completion_stage` (full-group advantages, completion masks, weights and normaliser). `Trainer.train_step`
+calls them in that order; `prune_step` is the same order around a rollout function (`dppo.variance`, the tests).
 """
 
 from __future__ import annotations
@@ -207,8 +208,8 @@ class Selection:
 
 class Pruner:
     """What a pruner does at each stage; here every stage keeps everything (`NoPruning`). Subclasses override a
-    stage; `prune_step` calls select_prompts -> rollout -> select_completions -> limit -> loss_weights, and the
-    trainer calls after_step."""
+    stage; `prompt_stage` calls select_prompts, `completion_stage` select_completions -> limit -> loss_weights, and
+    the trainer calls after_step."""
 
     weighted = True  # 1/pi weights on the kept rows (False: every kept row weighs 1)
     unbiased_z = True  # Z = unbiased_normaliser, fixed before the masks (False: kept_normaliser, a mean over the kept)
@@ -533,6 +534,77 @@ class PrunedStep:
     normaliser: float  # Z
 
 
+@dataclass
+class Rollouts:
+    """What a step's rollout rounds returned, in rollout order: the values the completion stage reads."""
+    rewards: torch.Tensor  # [K, G]
+    lengths: torch.Tensor  # [K, G] completion lengths (tokens)
+    logit_grad: torch.Tensor | None = None  # [K, G, 2] (sum_t (1 - p_t), sqrt(sum_t (1 - p_t)^2)) when read
+
+    @classmethod
+    def empty(cls, group_size: int) -> "Rollouts":
+        """No prompt rolled out."""
+        return cls(torch.zeros(0, group_size), torch.zeros(0, group_size, dtype=torch.long),
+                   torch.zeros(0, group_size, 2, dtype=torch.float64))
+
+    def concat(self, more: "Rollouts") -> "Rollouts":
+        """This round's rows, then `more`'s (a DAPO refill round)."""
+        both = self.logit_grad is not None and more.logit_grad is not None
+        return Rollouts(torch.cat([self.rewards, more.rewards]), torch.cat([self.lengths, more.lengths]),
+                        torch.cat([self.logit_grad, more.logit_grad]) if both else None)
+
+
+@dataclass
+class PromptStage:
+    """The prompt stage's outcome over the covered keys (several rounds under DAPO's refill)."""
+    covered: list[int]  # [S] prompt keys, kept or pruned
+    selection: Selection  # [S]
+    rolled: list[int]  # [K] the kept keys, in rollout order
+    est_lengths: torch.Tensor  # [S] float64: each covered prompt's expected completion length (history)
+
+    def extend(self, more: "PromptStage") -> "PromptStage":
+        """This round's prompts, then `more`'s."""
+        return PromptStage(self.covered + more.covered,
+                           Selection(torch.cat([self.selection.keep, more.selection.keep]),
+                                     torch.cat([self.selection.pi, more.selection.pi])),
+                           self.rolled + more.rolled, torch.cat([self.est_lengths, more.est_lengths]))
+
+
+def prompt_stage(pruner: Pruner, keys: list[int], history, gen: torch.Generator,
+                 default_length: float = 1.0) -> PromptStage:
+    """The prompt stage on the covered `keys` (docs/method.md §2.3): which to roll out, with their pi_q. The history
+    is read, not written; the expected lengths are those before this step's rollouts (the normaliser's, §2.6)."""
+    selection = pruner.select_prompts(keys, history, gen)
+    est = torch.tensor(history.estimated_lengths(keys, default_length), dtype=torch.float64)
+    return PromptStage(list(keys), selection, [k for k, kept in zip(keys, selection.keep.tolist()) if kept], est)
+
+
+def wants_refill(pruner: Pruner, rollouts: Rollouts, rounds: int, batch_prompts: int) -> bool:
+    """DAPO dynamic sampling (§2.9): another round of `batch_prompts` prompts after `rounds` rollout rounds?"""
+    return rounds < pruner.refill_rounds and pruner.needs_refill(rollouts.rewards, batch_prompts)
+
+
+def completion_stage(pruner: Pruner, prompts: PromptStage, rollouts: Rollouts, gen: torch.Generator, *,
+                     group_size: int, scale_rewards: str = "group", adv_eps: float = 1e-6,
+                     loss_agg: str = "seq-mean-token-mean", loss_normaliser: str = "covered",
+                     prompts_per_step: int) -> PrunedStep:
+    """Full-group advantages -> completion stage -> the pruner's limit -> weights 1/(pi_q pi_o) and the normaliser
+    Z (docs/method.md §2.1, §2.3-2.6). `prompts_per_step`: B, the prompts a step trains."""
+    G, B = group_size, prompts_per_step
+    rewards, lengths = rollouts.rewards, rollouts.lengths
+    adv = ADVANTAGES[scale_rewards](rewards, adv_eps) if prompts.rolled else torch.zeros(0, G)
+    csel = pruner.select_completions(rewards, adv, gen, lengths, rollouts.logit_grad)
+    csel.keep = pruner.limit(csel.keep, B)
+    weights = pruner.loss_weights(prompts.selection, csel)
+    psel = prompts.selection
+    if pruner.unbiased_z:
+        norm = unbiased_normaliser(loss_agg, psel.pi, psel.keep, lengths, prompts.est_lengths, loss_normaliser, B)
+    else:
+        norm = kept_normaliser(loss_agg, csel.keep, lengths)
+    return PrunedStep(prompts.covered, psel, prompts.rolled, rewards, lengths, adv, csel,
+                      csel.keep.reshape(-1).nonzero().flatten(), weights, norm)
+
+
 Rollout = Callable[[list[int]], tuple[torch.Tensor, ...]]  # keys -> rewards [K, G], lengths [K, G][, logit_grad [K, G, 2]]
 
 
@@ -541,38 +613,18 @@ def prune_step(pruner: Pruner, keys: list[int], history, rollout: Rollout, gen: 
                loss_agg: str = "seq-mean-token-mean", loss_normaliser: str = "covered",
                prompts_per_step: int | None = None, more_keys: Callable[[int], list[int]] | None = None,
                default_length: float = 1.0) -> PrunedStep:
-    """Prompt stage on the covered `keys` -> `rollout` of the kept ones -> (DAPO: more rounds from
-    `more_keys`) -> full-group advantages -> completion stage -> weights and normaliser (docs/method.md §2).
+    """One step's pruning for a caller holding a `rollout` function (the tests, `dppo.variance`): prompt stage ->
+    rollout -> (DAPO: more rounds from `more_keys`) -> completion stage. `Trainer.train_step` makes the same calls
+    in the same order with its own rollout."""
+    B = prompts_per_step or len(keys)
 
-    The history is read, not written (the caller records the rollouts afterwards); the token-mean
-    normaliser reads the prompts' last lengths before this step's rollouts."""
-    G, B = group_size, prompts_per_step or len(keys)
-    psel = pruner.select_prompts(keys, history, gen)
-    est = torch.tensor(history.estimated_lengths(keys, default_length), dtype=torch.float64)
-    rolled = [k for k, kept in zip(keys, psel.keep.tolist()) if kept]
-    rewards, lengths, *rest = rollout(rolled) if rolled else (torch.zeros(0, G), torch.zeros(0, G, dtype=torch.long),
-                                                              torch.zeros(0, G, 2, dtype=torch.float64))
-    logit_grad = rest[0] if rest else None  # [K, G, 2] when the rollout returns the sampled tokens' log-probs
-    for _ in range(pruner.refill_rounds - 1):  # DAPO dynamic sampling
-        if more_keys is None or not pruner.needs_refill(rewards, B):
-            break
-        extra = more_keys(B)
-        esel = pruner.select_prompts(extra, history, gen)
-        est = torch.cat([est, torch.tensor(history.estimated_lengths(extra, default_length), dtype=torch.float64)])
-        extra_rolled = [k for k, kept in zip(extra, esel.keep.tolist()) if kept]
-        if extra_rolled:
-            more_r, more_l, *more = rollout(extra_rolled)
-            rewards, lengths = torch.cat([rewards, more_r]), torch.cat([lengths, more_l])
-            logit_grad = torch.cat([logit_grad, more[0]]) if logit_grad is not None and more else None
-        keys, rolled = keys + extra, rolled + extra_rolled
-        psel = Selection(torch.cat([psel.keep, esel.keep]), torch.cat([psel.pi, esel.pi]))
-    adv = ADVANTAGES[scale_rewards](rewards, adv_eps) if rolled else torch.zeros(0, G)
-    csel = pruner.select_completions(rewards, adv, gen, lengths, logit_grad)
-    csel.keep = pruner.limit(csel.keep, B)
-    weights = pruner.loss_weights(psel, csel)
-    if pruner.unbiased_z:
-        norm = unbiased_normaliser(loss_agg, psel.pi, psel.keep, lengths, est, loss_normaliser, B)
-    else:
-        norm = kept_normaliser(loss_agg, csel.keep, lengths)
-    return PrunedStep(keys, psel, rolled, rewards, lengths, adv, csel, csel.keep.reshape(-1).nonzero().flatten(),
-                      weights, norm)
+    def rolled_out(rolled: list[int]) -> Rollouts:
+        return Rollouts(*rollout(rolled)) if rolled else Rollouts.empty(group_size)
+
+    prompts = prompt_stage(pruner, keys, history, gen, default_length)
+    rollouts, rounds = rolled_out(prompts.rolled), 1
+    while more_keys is not None and wants_refill(pruner, rollouts, rounds, B):
+        more = prompt_stage(pruner, more_keys(B), history, gen, default_length)
+        prompts, rollouts, rounds = prompts.extend(more), rollouts.concat(rolled_out(more.rolled)), rounds + 1
+    return completion_stage(pruner, prompts, rollouts, gen, group_size=group_size, scale_rewards=scale_rewards,
+                            adv_eps=adv_eps, loss_agg=loss_agg, loss_normaliser=loss_normaliser, prompts_per_step=B)

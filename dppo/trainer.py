@@ -44,7 +44,8 @@ from dppo.losses import policy_objective, zero_std_groups
 from dppo.machine import LoadMeter, describe, free_cores
 from dppo.model import load_policy
 from dppo.packing import MicroBatch, MicroBatchPlan, packed_completion_logprobs, shared_prompt_logprobs
-from dppo.pruning import NEEDS_LOGPROBS, build_pruner, logit_grad_sizes, prune_step
+from dppo.pruning import (NEEDS_LOGPROBS, Rollouts, build_pruner, completion_stage, logit_grad_sizes, prompt_stage,
+                          wants_refill)
 from dppo.reward import math_reward, require_checker
 from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config, gather_rollouts, rollout_backend
 from dppo.runfiles import (MACHINE_METRICS, RunError, RunWarning, acquire_lock, append_line,  # noqa: F401
@@ -269,62 +270,62 @@ class Trainer:
     def epoch_progress(self) -> float:
         return self.composer.covered / len(self.train)
 
-    def _rollout(self, keys: list[int], timer: Timer) -> tuple[RolloutBatch, torch.Tensor]:
-        """Rollout of G completions for each prompt key, and their rewards [len(keys), G]."""
+    def _rollout(self, keys: list[int], timer: Timer) -> tuple[RolloutBatch, Rollouts]:
+        """One rollout round: G completions for each prompt key (this rank's shard, gathered from every rank in the
+        order of `keys`), their rewards and lengths [len(keys), G], and the sampled tokens' log-prob sizes when the
+        completion stage's size proxy reads them."""
         G = self.cfg.group_size
         if not keys:
-            return RolloutBatch([], [], [], [], []), torch.zeros(0, G)
-        with timer("rollout"):
-            batch = self.engine.generate([self.train[k].prompt for k in keys], self.sampling)
-        with timer("reward"):
-            rewards = [math_reward(t, self.train[keys[r // G]].answer, self.cfg.answer_check,
-                                   self.cfg.answer_format)
-                       for r, t in enumerate(batch.texts)]
-        return batch, torch.tensor(rewards, dtype=torch.float32).view(len(keys), G)
+            return RolloutBatch([], [], [], [], []), Rollouts.empty(G)
+        mine = shard(keys, self.rank, self.world)
+        batch, rewards = RolloutBatch([], [], [], [], []), []  # rewards: [len(mine)][G]
+        if mine:
+            with timer("rollout"):
+                batch = self.engine.generate([self.train[k].prompt for k in mine], self.sampling)
+            with timer("reward"):
+                rewards = [[math_reward(t, self.train[k].answer, self.cfg.answer_check, self.cfg.answer_format)
+                            for t in batch.texts[j * G:(j + 1) * G]] for j, k in enumerate(mine)]
+        if self.world > 1:  # every rank gets every rank's rollouts, in the order of `keys`
+            with timer("gather"):
+                parts = all_gather((batch, rewards))
+            batch, rewards = gather_rollouts([b for b, _ in parts], G), unshard([r for _, r in parts])
+        lengths = torch.tensor([len(c) for c in batch.completion_ids]).view(len(keys), G)
+        return batch, Rollouts(torch.tensor(rewards, dtype=torch.float32).view(len(keys), G), lengths,
+                               logit_grad_sizes(batch.logprobs, G) if self.proxy_reads_logprobs else None)
 
     # ------------------------------------------------------------ one step
     def train_step(self) -> dict:
-        """Compose -> prune_step (prompt stage, rollout, rewards, full-group advantages, completion stage,
-        weights and normaliser; docs/method.md §2) -> record history -> update on the kept rows."""
-        cfg = self.cfg
+        """Compose -> prompt stage -> rollout (-> DAPO's refill rounds) -> completion stage (full-group advantages,
+        masks, weights and normaliser; docs/method.md §2) -> record history -> update on the kept rows."""
+        cfg, pruner = self.cfg, self.pruner
         cuda = self.accelerator.device.type == "cuda"
         timer = Timer(sync=torch.cuda.synchronize if cuda else lambda: None)
         t_step, c_step = timer.now(), time.process_time()
         load = LoadMeter()  # what other work took of the machine's cores meanwhile (dppo.machine)
         load.start()
-        G = cfg.group_size
+        B, length0 = cfg.prompts_per_step, cfg.max_new_tokens / 2  # length0: a never-seen prompt's expected length
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * self.step + 1)  # masks: own stream
         epoch = self.composer.covered // len(self.train)
-        keys = self.composer.next_keys(self.pruner.prompts_to_cover(cfg.prompts_per_step), self.history, self.pruner)
 
-        batches: list[RolloutBatch] = []
-
-        def rollout(rolled: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-            batch, rewards = self._rollout(shard(rolled, self.rank, self.world), timer)
-            if self.world > 1:  # every rank gets every rank's rollouts, in the order of `rolled`
-                with timer("gather"):
-                    parts = all_gather((batch, rewards.tolist()))
-                batch = gather_rollouts([b for b, _ in parts], G)
-                rewards = torch.tensor(unshard([r for _, r in parts]), dtype=torch.float32).view(len(rolled), G)
-            batches.append(batch)
-            lengths = torch.tensor([len(c) for c in batch.completion_ids]).view(len(rolled), G)
-            if not self.proxy_reads_logprobs:
-                return rewards, lengths
-            return rewards, lengths, logit_grad_sizes(batch.logprobs, G)
-
-        t_prune, c_prune = timer.now(), time.process_time()
-        step = prune_step(self.pruner, keys, self.history, rollout, gen, group_size=G,
-                          scale_rewards=cfg.scale_rewards, adv_eps=cfg.adv_eps, loss_agg=cfg.loss_agg,
-                          loss_normaliser=cfg.loss_normaliser, prompts_per_step=cfg.prompts_per_step,
-                          more_keys=self.composer.stream.take, default_length=cfg.max_new_tokens / 2)
+        keys = self.composer.next_keys(pruner.prompts_to_cover(B), self.history, pruner)
+        with timer("prune"):
+            prompts = prompt_stage(pruner, keys, self.history, gen, length0)
+        batch, rollouts = self._rollout(prompts.rolled, timer)
+        rounds = 1
+        while wants_refill(pruner, rollouts, rounds, B):  # DAPO dynamic sampling: B more prompts a round
+            with timer("prune"):
+                more = prompt_stage(pruner, self.composer.stream.take(B), self.history, gen, length0)
+            more_batch, more_rollouts = self._rollout(more.rolled, timer)
+            prompts, rollouts = prompts.extend(more), rollouts.concat(more_rollouts)
+            batch, rounds = RolloutBatch.concat([batch, more_batch]), rounds + 1
+        with timer("prune"):
+            step = completion_stage(pruner, prompts, rollouts, gen, group_size=cfg.group_size,
+                                    scale_rewards=cfg.scale_rewards, adv_eps=cfg.adv_eps, loss_agg=cfg.loss_agg,
+                                    loss_normaliser=cfg.loss_normaliser, prompts_per_step=B)
         with timer("rollout"):
             self.engine.sleep()  # vLLM on CUDA: its memory back to the update, once per step
         if self.memory is not None:
             self.memory.update_starting()
-        inner = ("rollout", "reward", "gather")
-        timer.times["prune"] = timer.now() - t_prune - sum(timer.times[k] for k in inner)
-        timer.cpu["prune"] = time.process_time() - c_prune - sum(timer.cpu[k] for k in inner)
-        batch = RolloutBatch.concat(batches)
         sizes = step.completion.size  # the proportional rule's size proxy [K, G] (the prompt stage's next visit)
         for j, k in enumerate(step.rolled):
             self.history.update(k, step.rewards[j].tolist(), step.advantages[j].abs().tolist(),
@@ -356,7 +357,7 @@ class Trainer:
             "reward": rewards.mean().item() if n_rolled else 0.0,
             "reward_std": rewards.std(dim=1).mean().item() if n_rolled else 0.0,
             "frac_reward_zero_std": zero_std_groups(rewards).float().mean().item() if n_rolled else 0.0,
-            "kept/prompt_frac": n_rolled / len(step.covered), "kept/completion_frac": n_rows / max(1, n_rolled * G),
+            "kept/prompt_frac": n_rolled / len(step.covered), "kept/completion_frac": n_rows / max(1, rewards.numel()),
             "weights/mean": step.weights.mean().item() if n_rows else 0.0,
             "weights/max": step.weights.max().item() if n_rows else 0.0, "loss/normaliser": step.normaliser,
             "tokens/generated": batch.num_tokens, "completion_length/mean": lengths.mean().item() if n_rolled else 0.0,
