@@ -1,5 +1,5 @@
 """T1's pairs trained twice, on a quiet machine and beside a CPU-bound job for part of the time: do the speed-ups hold?
-(docs/method.md §5.1)
+(docs/engineering.md §5.1)
 
     python bench/busy_machine.py [--labels GRPO DPPO] [--seeds 0 1] [--busy-from 60] [--busy-for 300] [--out DIR]
 

@@ -1,4 +1,4 @@
-"""How a busy core slows training, per thread policy: quiet vs one competing CPU-bound process (docs/method.md §5.1).
+"""How a busy core slows training, per thread policy: quiet vs one competing CPU-bound process (docs/engineering.md §5.1).
 
     python bench/contention.py [--steps 3] [--policies default passive one]
 

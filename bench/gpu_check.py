@@ -17,7 +17,7 @@ child process), so a missing or broken torch still ends with a table. On `--devi
 suite runs (tests/test_gpu_check.py, and tests/test_gpu_image.py in an environment that imitates the GPU image) —
 every check runs that can, at smaller sizes and with limits x CPU_SLOWDOWN. `--tolerance NAME=VALUE` replaces one
 tolerance (a test breaks one to see the script fail). `--record FILE` files a returned gpu_check.json under
-bench/gpu_check_results/ and regenerates docs/usage.md's GPU column from every file there.
+bench/gpu_check_results/ and regenerates docs/where.md's GPU column from every file there.
 
   env          torch (and the device it sees), dppo's modules import, the reward's answer checker (math-verify)
                scores, vLLM and flash-attn import (NOT AVAILABLE HERE when absent)
@@ -62,8 +62,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "gpu_check_results"  # each returned table, committed (docs/usage.md reads them)
-DOCS = ROOT / "docs" / "usage.md"
+RESULTS = ROOT / "bench" / "gpu_check_results"  # each returned table, committed (docs/where.md reads them)
+DOCS = ROOT / "docs" / "where.md"
 # group -> its checks, in the order the groups run, each group in its own process ("env" always runs)
 GROUPS = {
     "env": ("torch", "dppo_imports", "reward_checker", "vllm", "flash_attn"),
@@ -768,7 +768,7 @@ def parse(argv: list[str] | None):
     ap.add_argument("--budget", type=float, help=f"seconds for the whole run (default {BUDGET}; x {CPU_SLOWDOWN} on "
                                                  "the CPU)")
     ap.add_argument("--record", metavar="GPU_CHECK_JSON", help="file a returned gpu_check.json under "
-                    "bench/gpu_check_results/ and regenerate docs/usage.md's GPU column from every file there")
+                    "bench/gpu_check_results/ and regenerate docs/where.md's GPU column from every file there")
     ap.add_argument("--fault", action="append", default=[], help=argparse.SUPPRESS)  # test hook: GROUP=hang|crash
     for hidden in ("--group", "--workdir"):  # one group's process
         ap.add_argument(hidden, help=argparse.SUPPRESS)
@@ -825,8 +825,8 @@ def result_page(result: dict) -> str:
                       f"Python {result['python']}, host {result['host']}.", "", *rep.table(), ""])
 
 
-# ------------------------------------------------------------------------- returned tables -> docs/usage.md
-# docs/usage.md's "what has run where" rows -> the checks that run them on a GPU
+# ------------------------------------------------------------------------- returned tables -> docs/where.md
+# docs/where.md's "what has run where" rows -> the checks that run them on a GPU
 RAN_WHERE = {
     "devices": ("train",),
     "memory": ("fsdp_update", "update_memory"),
@@ -848,7 +848,7 @@ def returned_results(folder: Path = RESULTS) -> list[dict]:
 
 
 def gpu_cell(checks: tuple[str, ...], results: list[dict]) -> str:
-    """docs/usage.md's GPU cell for a row run by `checks`: each returned run's verdicts of those that ran on a GPU
+    """docs/where.md's GPU cell for a row run by `checks`: each returned run's verdicts of those that ran on a GPU
     (PASS / FAIL; NOT AVAILABLE is not a run), or "not yet"."""
     parts = []
     for result in results:
@@ -863,7 +863,7 @@ def gpu_cell(checks: tuple[str, ...], results: list[dict]) -> str:
 
 
 def regenerate_docs(text: str, results: list[dict]) -> str:
-    """docs/usage.md with the last column of its "what has run where" table filled from `results`."""
+    """docs/where.md with the last column of its "what has run where" table filled from `results`."""
     out = []
     for line in text.splitlines():
         cells = line.split(" | ")
@@ -877,7 +877,7 @@ def regenerate_docs(text: str, results: list[dict]) -> str:
 
 def record(path: str) -> int:
     """File a returned gpu_check.json as bench/gpu_check_results/<date>-<machine>.json (+ .md) and regenerate
-    docs/usage.md's GPU column from every filed result."""
+    docs/where.md's GPU column from every filed result."""
     result = json.loads(Path(path).read_text())
     name = f"{result['date'][:10]}-{re.sub(r'[^a-z0-9]+', '-', result['machine'].lower()).strip('-')}"
     n = sum(1 for _ in RESULTS.glob(f"{name}*.json"))
@@ -886,7 +886,7 @@ def record(path: str) -> int:
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
     (RESULTS / f"{stem}.md").write_text(result_page(result))
     DOCS.write_text(regenerate_docs(DOCS.read_text(), returned_results()))
-    print(f"filed bench/gpu_check_results/{stem}.json and .md; docs/usage.md's GPU column regenerated")
+    print(f"filed bench/gpu_check_results/{stem}.json and .md; docs/where.md's GPU column regenerated")
     return 0
 
 

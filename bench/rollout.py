@@ -4,7 +4,7 @@ installed, vLLM. The contenders alternate, so a busy machine slows all alike.
 
     python bench/rollout.py [--rounds 5]                                  # generate vs dppo's sampler
     bash scripts/bootstrap.sh vllm && .venv-vllm/bin/python bench/rollout.py   # ... and vLLM
-    .venv-vllm/bin/python bench/rollout.py --model smollm2-135m           # the real model (docs/method.md §4.6)
+    .venv-vllm/bin/python bench/rollout.py --model smollm2-135m           # the real model (docs/engineering.md §4.6)
 
 on the embedded model and on a wider random-init Qwen3 (hidden 512, 8 layers, same tokenizer); with `--model
 smollm2-135m`, on SmolLM2-135M-Instruct with the real-model study's rollouts instead (arithmetic prompts in its chat

@@ -1,5 +1,5 @@
 """The thread policies on a whole run, quiet and beside another job: `intra_op_threads` 1, one per core, and auto
-(docs/method.md §5.1).
+(docs/engineering.md §5.1).
 
     python bench/thread_policy.py [--steps 12] [--label GRPO] [--rounds 1]
 

@@ -2,7 +2,7 @@
 
     pip install -e .[trl]          # TRL (optional extra; the README's test environment has it)
     python bench/trl_dppo.py [--seeds 0 1 2] [--epochs 3] [--train-size 640] [--steps 0] [--model embedded]
-    python bench/trl_dppo.py --model smollm2-135m --seeds 0 1    # the real pretrained model (docs/method.md §4.6)
+    python bench/trl_dppo.py --model smollm2-135m --seeds 0 1    # the real pretrained model (docs/engineering.md §4.6)
 
 Work, for both: the embedded model and task, math-verify reward, 16 prompts x 8 completions per generation batch,
 <= 64 new tokens, temperature 1, beta 0, loss_type grpo, lr 1e-4 constant after 10 warm-up steps, grad-norm clip 1,

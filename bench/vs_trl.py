@@ -2,7 +2,7 @@
 
     pip install -e .[bench]          # TRL (optional extra)
     python bench/vs_trl.py [--epochs 3] [--train-size 640] [--steps 0]
-    python bench/vs_trl.py --model smollm2-135m --steps 3     # the real pretrained model (docs/method.md §4.6)
+    python bench/vs_trl.py --model smollm2-135m --steps 3     # the real pretrained model (docs/engineering.md §4.6)
 
 Work: the embedded model and task, math-verify reward, 16 prompts x 8 completions per step, <= 64 new tokens,
 temperature 1, beta 0 (no reference model), TRL's `grpo` loss (dppo: algorithm grpo, the same sequence-mean of

@@ -1,4 +1,4 @@
-"""The real-model task (docs/method.md §4.6): sums and differences of integers in 1..20, for a small pretrained LLM.
+"""The real-model task (docs/engineering.md §4.6): sums and differences of integers in 1..20, for a small pretrained LLM.
 
 Every problem is one of the 610 facts `a + b` (a, b in 1..20) and `a - b` (a >= b), asked as "What is a + b?". Two
 levels by size: "small" (both operands <= 9, 126 facts) and "teens" (an operand in 10..20, 484 facts). A seed shuffles

@@ -3,7 +3,7 @@
     python -m dppo.budget --profile paper [--study NAME] [--gpus 8]     (./reproduce.sh --profile paper --dry-run)
     python -m dppo.budget --profile real [--study NAME]   the real profile's runs and minutes on 2 CPU cores
 
-The estimate is FLOPs over a stated throughput, per training run (docs/method.md §4.2):
+The estimate is FLOPs over a stated throughput, per training run (docs/engineering.md §4.2):
 
     rollout   2 N x rolled tokens                      at DECODE_MFU of the peak (memory-bound decoding)
     update    update_flops_per_token x trained tokens                      at TRAIN_MFU
@@ -62,7 +62,7 @@ def dataset_size(source: str, limit: int | None = None, embedded_size: int = 0) 
 
 
 def update_flops_per_token(cfg: TrainConfig, n_params: float) -> float:
-    """FLOPs of the update per trained token (docs/method.md §4.2, §5.1): a forward is 2 N; a training pass is
+    """FLOPs of the update per trained token (docs/engineering.md §4.2, docs/method.md §5): a forward is 2 N; a training pass is
     `cost.training_multiplier` forwards (forward + a backward of twice its cost, + the recomputed forward under
     gradient checkpointing), once per inner epoch; one more forward scores the old log-probs when the update is
     off-policy (ppo_epochs x num_minibatches > 1) and one the reference when kl_coef > 0:

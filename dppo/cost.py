@@ -1,4 +1,4 @@
-"""Deterministic compute cost of a step, in FLOPs, from the tokens each phase processes (docs/method.md §5.1).
+"""Deterministic compute cost of a step, in FLOPs, from the tokens each phase processes (docs/method.md §5).
 
 As nanoGPT's MFU estimate: a forward pass costs 2 N_body per token slot (N_body: the parameters other than the
 embedding table), 4 L d_q per attended (query, key) pair (scores and weighted values, L layers, d_q = heads x

@@ -1,7 +1,7 @@
 """Problems and where they come from: the embedded task, local jsonl/parquet files, or the hub.
 
 A `Problem` is a prompt with its gold answer. Paper-scale data (MATH, GSM8K, the six eval
-benchmarks; docs/method.md §4) are read from local `.jsonl`/`.parquet` files, or from the Hugging Face hub
+benchmarks; docs/engineering.md §4) are read from local `.jsonl`/`.parquet` files, or from the Hugging Face hub
 when the path is written `hf:<dataset>[:<split>[:<subset>]]` (needs the `datasets` package and a
 network), e.g. `hf:HuggingFaceH4/MATH-500:test` or `hf:openai/gsm8k:test:main`.
 
@@ -154,7 +154,7 @@ def model_prompts(problems: list[Problem], tokenizer, chat_template: bool, templ
     user turn of `tokenizer`'s chat template, or, outside one, after the tokenizer's BOS text when the tokenizer adds
     BOS by default (every tokenisation of a prompt here is add_special_tokens=False, as the chat template's text
     carries its own special tokens). A base model expects it: without BOS, Gemma 3 270M's pass@1 on the arithmetic
-    task falls from ~28% to ~4% (docs/method.md §4.6); the embedded models and SmolLM2 add none."""
+    task falls from ~28% to ~4% (docs/engineering.md §4.6); the embedded models and SmolLM2 add none."""
     if chat_template:
         return with_chat_template(problems, tokenizer, template_kwargs)
     bos = tokenizer.bos_token

@@ -1,4 +1,4 @@
-"""Data parallelism over processes (accelerate: DDP or FSDP; docs/method.md §4.1).
+"""Data parallelism over processes (accelerate: DDP or FSDP; docs/engineering.md §4.1).
 
 Every rank composes the same step (composer, history and pruner state, masks from the same generator); the work
 that costs is split: rank r rolls out and scores `shard(rolled, r)`, the rollouts are gathered (`rollout.gather_rollouts`)

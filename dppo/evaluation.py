@@ -1,5 +1,5 @@
 """Evaluation: Pass@1 averaged over k samples per problem (avg@k) and pass@k, per split, and avg@k on
-average over the splits (docs/method.md §4).
+average over the splits (docs/engineering.md §4).
 
     avg@k(split)  = 1/(|split| k) * sum_problems sum_{j<k} reward(sample_j, gold)
     pass@k(split) = 1/|split| * sum_problems max_{j<k} reward(sample_j, gold)

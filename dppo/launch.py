@@ -1,4 +1,4 @@
-"""One training run as its own `accelerate launch` process over the local GPUs (docs/method.md §4.1).
+"""One training run as its own `accelerate launch` process over the local GPUs (docs/engineering.md §4.1).
 
 The paper profile's notebooks train this way (papermill parameter `launch`): the notebook writes the run's
 config, starts `accelerate launch --config_file <accelerate yaml> --num_processes N -m dppo.cli train --config

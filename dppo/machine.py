@@ -1,4 +1,4 @@
-"""The machine a run ran on: what it is, and what else ran on it meanwhile (docs/method.md §5.1).
+"""The machine a run ran on: what it is, and what else ran on it meanwhile (docs/engineering.md §5.1).
 
 A step's wall-clock and CPU times are only comparable with another run's if nobody else used the CPUs. `LoadMeter`
 measures that directly: the CPU seconds the whole machine spent busy (user, system, interrupts, and time the
@@ -55,7 +55,7 @@ class LoadMeter:
 def free_cores(other_cores: float, cores: int | None = None) -> int:
     """Intra-op threads for the next step under `intra_op_threads: -1` (auto): the cores other work left free during
     the last one, floor(cores - other_cores + 0.25), at least 1. A quiet machine gets a thread per core; each core
-    another job takes costs a thread, instead of OpenMP workers spin-waiting for a core they lost (docs/method.md §5.1)."""
+    another job takes costs a thread, instead of OpenMP workers spin-waiting for a core they lost (docs/engineering.md §5.1)."""
     cores = cores or os.cpu_count() or 1
     return max(1, min(cores, int(cores - other_cores + 0.25)))
 

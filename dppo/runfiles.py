@@ -1,6 +1,6 @@
 """The run folder, kept safe: one run per folder (a pid lock), files written atomically, strict-JSON metrics,
 checkpoints checked before they are trusted, and a resumed run held to the config it started with
-(docs/method.md §4.3); and reading a run back (`read_metrics`, `run_metrics`) without torch or the trainer.
+(docs/engineering.md §4.3); and reading a run back (`read_metrics`, `run_metrics`) without torch or the trainer.
 
     <output_dir>/.lock               {"pid", "host"} of the run that owns the folder
     <output_dir>/config.yaml         the run's config

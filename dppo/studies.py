@@ -132,7 +132,7 @@ STUDIES = (
           ("F3_gradient_variance",), cpu_minutes=1.4),
     Study("packing", "F4: Dense Prompt Packing", (), ("F4_packing",), cpu_minutes=0.3),
     Study("case_study", "F5: one problem, each method's answers over training", (), ("F5_case_study",), cpu_minutes=0.3),
-    # a real pretrained LLM on CPU (docs/method.md §4.6), only by name: 38.5 min on 2 cores without the shared-prompt
+    # a real pretrained LLM on CPU (docs/engineering.md §4.6), only by name: 38.5 min on 2 cores without the shared-prompt
     # rows (2026-12-05), ~80 with them (their runs' training times, estimated)
     Study("real_model", "R1: GRPO and DPPO on a real pretrained LLM (SmolLM2-135M-Instruct)",
           (Table("R1", "R1_real_model", grpo_same_layout, at_equal_compute=True,
@@ -197,7 +197,7 @@ def t1_long(epochs: int = LONG_EPOCHS) -> dict:
     return {f"DPPO, {epochs} epochs": (_D, {**T1_SETUP, **_NO_START}, T1_LONG_SUB)} if epochs else {}
 
 
-# R1, the real pretrained model (docs/method.md §4.6): SmolLM2-135M-Instruct on the arithmetic task, GRPO and DPPO at
+# R1, the real pretrained model (docs/engineering.md §4.6): SmolLM2-135M-Instruct on the arithmetic task, GRPO and DPPO at
 # the paper's rates, 3 seeds: 64 training problems x 2 epochs = 16 GRPO steps of 8 prompts x 8 completions (the second
 # epoch is where the prompt stage has history to prune with), each method evaluated every 4 steps on its seed's 256
 # held-out problems x 2 samples (a grid fine enough for the time to GRPO's accuracy: 4 points of 16 steps).
@@ -367,7 +367,7 @@ REAL_SEEDS = {"main_results": (0, 1, 2), "algorithms": (0, 1), "scale": (0, 1), 
 # its longer DPPO run (the time to GRPO's accuracy stands for it).
 REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0},
                      # T3: SmolLM2-135M-Instruct (R1's) beside Gemma 3 270M, the base model asked in its own
-                     # few-shot format (docs/method.md §4.6), both on the shared-prompt layout (REAL_LAYOUTS)
+                     # few-shot format (docs/engineering.md §4.6), both on the shared-prompt layout (REAL_LAYOUTS)
                      "scale": {"large_model": "gemma3-270m", "large_config": "experiments/cpu/real_gemma_grpo.yaml",
                                "model_labels": ["smollm2-135m (134.5 M)", "gemma3-270m (268.1 M)"]},
                      # F3: batches of R1's GRPO config (model, task, chat prompts, temperature, length, reward), each

@@ -2,7 +2,7 @@
 intervals, the markdown tables (the paper's columns) and the sentence that puts a table beside the paper's claim.
 
 Speed-up = baseline time / method time at equal epochs, per seed (the same seed = the same problems in the same
-order: paired), in three currencies (docs/method.md §5.1): wall-clock (`speedup`), process CPU time
+order: paired), in three currencies (docs/method.md §5): wall-clock (`speedup`), process CPU time
 (`speedup_cpu`) and FLOPs (`speedup_flops`). A run is `contended` when other work took more than
 `OTHER_CORES_LIMIT` cores on average beyond those the run left free (`load/other_cores` over `load/spare_cores`: the
 machine's cores minus the run's intra-op threads; dppo.machine) while it trained, when more than
@@ -318,7 +318,7 @@ def write(seeds: pd.DataFrame, name: str, caption: str, paper_key: str | None = 
                  "their wall-clock and CPU speed-ups are left out of those means;" if cpu_columns else "")
     if cpu_columns and summary["apart"].any():
         contended += (" ‡k = k seeds' pairs trained apart from their baseline (in no common in-turn group, "
-                      "docs/method.md §5.1): their wall-clock and CPU speed-ups are not reported;")
+                      "docs/engineering.md §5.1): their wall-clock and CPU speed-ups are not reported;")
     md = [f"**{name}.** {caption}{note}{contended} per-seed values and every other column in `{name}_seeds.csv` / "
           f"`{name}.csv`.", "", markdown(summary, cpu_columns), ""]
     if paper_key:

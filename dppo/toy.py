@@ -1,4 +1,4 @@
-"""The paper profile at toy scale (`./reproduce.sh --profile paper --toy`; docs/method.md §4.5).
+"""The paper profile at toy scale (`./reproduce.sh --profile paper --toy`; docs/engineering.md §4.5).
 
 Everything the toy changes is written in `experiments/paper/toy.yaml` and applied here, in three places only:
 `apply` (each training run's config: hub models -> a random-init tiny Qwen3 built locally, hub data -> the

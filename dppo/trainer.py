@@ -7,7 +7,7 @@ minibatch updates with weights and normaliser from the pruner -> sync rollout we
 Each phase is timed (`timing_s/*`); metrics go to `metrics.jsonl`, checkpoints (safetensors via
 accelerate) to `checkpoints/step_N`, and a run resumes from its newest checkpoint.
 
-Under `accelerate launch` (DDP or FSDP; docs/method.md §4.1, `dppo.distributed`) every rank composes the same
+Under `accelerate launch` (DDP or FSDP; docs/engineering.md §4.1, `dppo.distributed`) every rank composes the same
 step, rolls out and scores its shard, the rollouts are gathered, each rank trains on its token-balanced share
 of the kept rows, and only the main process writes.
 """
@@ -61,7 +61,7 @@ DUMMY_MICRO_BATCH = MicroBatch([[[0]]])
 
 class _TiedHeadSaveNote(logging.Filter):
     """accelerate warns at every checkpoint that it stored the tied lm_head once (as the embedding): expected here,
-    and the reload ties it back (docs/method.md §4.3), so the line is dropped from the run's output."""
+    and the reload ties it back (docs/engineering.md §4.3), so the line is dropped from the run's output."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
@@ -596,7 +596,7 @@ class Trainer:
             append_line(self.metrics_path, json_line(record))
 
     def watch(self, record: dict) -> None:
-        """Safeguards after a logged step (docs/method.md §4.3): stop after `max_skipped_steps` consecutive steps
+        """Safeguards after a logged step (docs/engineering.md §4.3): stop after `max_skipped_steps` consecutive steps
         with a non-finite gradient; warn once per streak of `zero_variance_warn_steps` steps in which every
         rolled-out group had zero reward variance (no gradient at all)."""
         cfg = self.cfg
@@ -674,7 +674,7 @@ class Trainer:
             if changed:
                 raise ConfigError(f"cannot resume from {str(ckpt)!r}: config field(s) changed: {'; '.join(changed)}; "
                                   f"restore them or set resume: false to start over (fields that may change: "
-                                  f"runfiles.RESUMABLE_CHANGES, docs/method.md §4.3)")
+                                  f"runfiles.RESUMABLE_CHANGES, docs/engineering.md §4.3)")
             if state.get("train_data", data_fingerprint(self.train)) != data_fingerprint(self.train):
                 raise ConfigError(f"cannot resume from {str(ckpt)!r}: the training data differ from the checkpoint's "
                                   f"(dataset {self.cfg.dataset!r} changed?); set resume: false to start over")

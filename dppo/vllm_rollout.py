@@ -1,4 +1,4 @@
-"""vLLM rollouts colocated with training (config `rollout_backend: vllm`; docs/method.md §4).
+"""vLLM rollouts colocated with training (config `rollout_backend: vllm`; docs/engineering.md §4).
 
 An in-process `vllm.LLM` samples the completions; the trainer's live weights are pushed into it, without a
 disk round trip, before the first generation after every optimizer step (`sync_weights` marks them stale).

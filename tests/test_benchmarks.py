@@ -1,6 +1,6 @@
 """The paper's training set and eval benchmarks in their real schemas (fixtures in tests/fixtures/, a few records
 each, as the hub datasets hold them): the loader finds question and gold answer, and math-verify scores a correct
-completion 1 and a wrong one 0 for every record (docs/method.md §4)."""
+completion 1 and a wrong one 0 for every record (docs/engineering.md §4)."""
 
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""Compute cost and CPU time per phase, and speed-ups a busy machine cannot fake (docs/method.md §5.1)."""
+"""Compute cost and CPU time per phase, and speed-ups a busy machine cannot fake (docs/method.md §5, docs/engineering.md §5.1)."""
 
 import json
 
@@ -33,7 +33,7 @@ def test_model_shape_and_forward_flops(embedded):
 
 def test_flops_against_a_hand_count_term_by_term():
     """Every FLOPs figure (dppo.cost, and what the trainer records as flops/*) against a count written out by hand
-    from the cost model (docs/method.md §5.1, dppo/cost.py): per token slot 2 N_body, per attended (query, key) pair
+    from the cost model (docs/method.md §5, dppo/cost.py): per token slot 2 N_body, per attended (query, key) pair
     2 x 2 x layers x q_dim (scores and weighted values), per token whose logits are computed 2 x V x H; an update is
     3 forwards (4 with gradient checkpointing). Ordering checks would pass with a term dropped; these would not."""
     from types import SimpleNamespace

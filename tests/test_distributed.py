@@ -1,4 +1,4 @@
-"""Data parallelism with real processes (torchrun, gloo on CPU; docs/method.md §4.1).
+"""Data parallelism with real processes (torchrun, gloo on CPU; docs/engineering.md §4.1).
 
 On CPU `accelerate launch` starts one process (its multi-process launcher is for accelerators), so these tests
 start the ranks with torchrun, which is what `accelerate launch` runs on GPUs; the Accelerator inside the trainer

@@ -1,5 +1,5 @@
 """kill -9 at the worst moments (tests/fault_worker.py): a resumed run's metrics and final weights equal an
-uninterrupted run's (docs/method.md §4.3); also for one rank of a 2-process run killed, and for a metrics line cut by
+uninterrupted run's (docs/engineering.md §4.3); also for one rank of a 2-process run killed, and for a metrics line cut by
 a kill while it was appended."""
 
 import os

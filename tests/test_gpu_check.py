@@ -174,10 +174,10 @@ def fake_result(device: str, verdicts: dict[str, str], date: str = "2026-12-05 1
 
 
 def test_docs_gpu_column_is_generated_from_the_returned_tables():
-    """docs/usage.md's "what has run where" says "not yet" for a GPU row exactly when no returned table
+    """docs/where.md's "what has run where" says "not yet" for a GPU row exactly when no returned table
     (bench/gpu_check_results/*.json) ran one of its checks on CUDA; `--record` keeps it so."""
-    text = (ROOT / "docs/usage.md").read_text()
-    assert gpu.regenerate_docs(text, gpu.returned_results()) == text, "docs/usage.md: run bench/gpu_check.py --record"
+    text = (ROOT / "docs/where.md").read_text()
+    assert gpu.regenerate_docs(text, gpu.returned_results()) == text, "docs/where.md: run bench/gpu_check.py --record"
     covered = {line.split(" | ")[0].removeprefix("| ").strip() for line in text.splitlines() if line.startswith("| ")}
     assert set(gpu.RAN_WHERE) <= covered  # every mapped row is in the table
     # a returned GPU table fills the rows its checks ran (PASS or FAIL), and only those; a CPU one fills none
@@ -193,8 +193,8 @@ def test_docs_gpu_column_is_generated_from_the_returned_tables():
 
 
 def test_record_files_a_returned_table_and_regenerates_the_docs(tmp_path, monkeypatch):
-    docs = tmp_path / "usage.md"
-    docs.write_text((ROOT / "docs/usage.md").read_text())
+    docs = tmp_path / "where.md"
+    docs.write_text((ROOT / "docs/where.md").read_text())
     monkeypatch.setattr(gpu, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(gpu, "DOCS", docs)
     returned = tmp_path / "gpu_check.json"

@@ -1,5 +1,5 @@
 """Runs trained in turn (dppo.paired) compute exactly what they compute alone, and really alternate; the load meter
-(dppo.machine) sees a competing CPU-bound process and the tables flag the runs it slowed (docs/method.md §5.1)."""
+(dppo.machine) sees a competing CPU-bound process and the tables flag the runs it slowed (docs/engineering.md §5.1)."""
 
 import torch
 from safetensors.torch import load_file

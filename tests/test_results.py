@@ -424,7 +424,7 @@ def test_a_run_that_gave_up_a_thread_for_a_tenth_of_its_steps_is_contended(tmp_p
 
 
 def test_each_rows_training_time_is_split_by_phase(tmp_path):
-    """Beside every speed-up, where the time went (docs/method.md §5.1): summarize sums each phase's timing_s/* over
+    """Beside every speed-up, where the time went (docs/method.md §5): summarize sums each phase's timing_s/* over
     the training steps (rollout with its reward, the no-grad scoring passes, the update), and the markdown table shows
     the mean over seeds in minutes, per row."""
     import json

@@ -1,4 +1,4 @@
-"""Safeguards of a run (docs/method.md §4.3): non-finite steps skipped and never saved, strict-JSON metrics, a
+"""Safeguards of a run (docs/engineering.md §4.3): non-finite steps skipped and never saved, strict-JSON metrics, a
 zero-variance warning, corrupt checkpoints passed over, the model's own prompt template, train/eval overlap."""
 
 import json
