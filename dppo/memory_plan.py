@@ -84,18 +84,6 @@ def model_shape(cfg) -> Shape:
 
 
 # ------------------------------------------------------------------ the engine's load (docs/method.md §2.9, §3.1)
-def min_prompt_inclusion(cfg) -> float:
-    """The smallest inclusion probability the prompt stage gives a prompt: DPPO's uniform rule 1 - r_q (bernoulli;
-    fixed_count's (n - floor(r_q n)) / n is no smaller), its proportional rule (1 - lambda) pi_min + lambda (1 - r_q),
-    GRESO's max(p^z, 0.01) >= 0.01; 1 for pruners without a prompt stage."""
-    if cfg.pruner in ("dppo", "dppo_biased", "dppo_unweighted") and cfg.prompt_prune_rate > 0:
-        uniform = 1.0 - cfg.prompt_prune_rate
-        if cfg.inclusion == "proportional":
-            return (1 - cfg.uniform_mix) * cfg.inclusion_floor + cfg.uniform_mix * uniform
-        return uniform
-    return 0.01 if cfg.pruner == "greso" else 1.0
-
-
 def rollout_prompts_per_call(cfg) -> int:
     """The most prompts one rollout call of a training step asks for, over all ranks. A step covers
     C = pruner.prompts_to_cover(B) prompts (B; CPPO's allocation ceil(B / (1 - P))), and the prompt stage only
@@ -104,12 +92,13 @@ def rollout_prompts_per_call(cfg) -> int:
     (sum pi <= C), any number up to W for a token budget (short prompts cost little). So:
 
         C (refill none),   min(W, floor(C / min pi)) (refill prompts),   W (refill tokens)."""
-    cover = build_pruner(cfg).prompts_to_cover(cfg.prompts_per_step)
+    pruner = build_pruner(cfg)
+    cover = pruner.prompts_to_cover(cfg.prompts_per_step)
     if cfg.refill == "none":
         return cover
     window = cfg.refill_window or 2 * cfg.prompts_per_step
     if cfg.refill == "prompts":
-        return min(window, max(1, math.floor(cover / min_prompt_inclusion(cfg) + 1e-9)))
+        return min(window, max(1, math.floor(cover / pruner.min_prompt_inclusion() + 1e-9)))
     return window
 
 

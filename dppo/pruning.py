@@ -21,9 +21,10 @@ calls them in that order; `prune_step` is the same order around a rollout functi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import Callable
 
 import torch
 
@@ -214,15 +215,16 @@ class Pruner:
     weighted = True  # 1/pi weights on the kept rows (False: every kept row weighs 1)
     unbiased_z = True  # Z = unbiased_normaliser, fixed before the masks (False: kept_normaliser, a mean over the kept)
     refill_rounds = 1  # rollout rounds a step may take (DAPO dynamic sampling refills)
-    # config field -> this pruner's setting: the pruning fields it reads (set away from its default on a pruner that
-    # does not read it, a field is a config error), and the run's settings it reads too (not its own: kl_coef, ...)
-    config_fields: ClassVar[dict[str, str]] = {}
-    run_fields: ClassVar[dict[str, str]] = {}
-
     @classmethod
     def from_config(cls, cfg) -> "Pruner":
-        """This pruner with its settings from a TrainConfig-like `cfg` (`config_fields` and `run_fields`)."""
-        return cls(**{mine: getattr(cfg, name) for name, mine in {**cls.config_fields, **cls.run_fields}.items()})
+        """This pruner with its settings from a TrainConfig-like `cfg`: every dataclass field of the pruner that `cfg`
+        has, under the same name (the pruning fields it reads, and run fields such as kl_coef; docs/reference.md)."""
+        own = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+        return cls(**{name: getattr(cfg, name) for name in own if hasattr(cfg, name)})
+
+    def min_prompt_inclusion(self) -> float:
+        """The smallest inclusion probability the prompt stage may give a prompt (1: no prompt stage)."""
+        return 1.0
 
     def prompts_to_cover(self, batch_prompts: int) -> int:
         """How many prompts a step takes from the data stream (B; CPPO's allocation takes more)."""
@@ -278,10 +280,11 @@ class DPPO(Pruner):
     """Dynamic Pruning Policy Optimization: random inclusion at both stages, 1/pi weights (§2.3). `inclusion`
     "uniform" keeps candidates with pi = 1 - r (the paper's rule); "proportional" spends the same expected
     budget with pi proportional to a gradient-size proxy, mixed with the uniform rule's pi by `uniform_mix` (§2.10)."""
-    prompt_rate: float = 0.0  # r_q
-    completion_rate: float = 0.0  # r_o
-    sampling: str = "bernoulli"
-    prompt_rule: str = "zero_variance"  # or "abs_adv": mean |A| at the last visit below abs_adv_threshold
+    # settings named as the config's fields (config.TrainConfig declares them; from_config reads them by name)
+    prompt_prune_rate: float = 0.0  # r_q
+    completion_prune_rate: float = 0.0  # r_o
+    prune_sampling: str = "bernoulli"
+    prompt_candidate_rule: str = "zero_variance"  # or "abs_adv": mean |A| at the last visit below abs_adv_threshold
     abs_adv_threshold: float = 0.1
     inclusion: str = "uniform"  # or "proportional"
     inclusion_floor: float = 0.1  # pi_min of the proportional rule (weights <= 1 / pi_min)
@@ -289,12 +292,17 @@ class DPPO(Pruner):
     uniform_mix: float = 0.25  # lambda: pi = (1 - lambda) pi_proportional + lambda pi_uniform
     kl_coef: float = 0.0  # beta: with beta > 0 no row's loss is zero for every theta
     loss_agg: str = "seq-mean-token-mean"
-    config_fields: ClassVar[dict[str, str]] = {
-        "prompt_prune_rate": "prompt_rate", "completion_prune_rate": "completion_rate", "prune_sampling": "sampling",
-        "prompt_candidate_rule": "prompt_rule", "abs_adv_threshold": "abs_adv_threshold", "inclusion": "inclusion",
-        "inclusion_floor": "inclusion_floor", "size_proxy": "size_proxy", "uniform_mix": "uniform_mix"}
-    run_fields: ClassVar[dict[str, str]] = {"kl_coef": "kl_coef", "loss_agg": "loss_agg"}
     kl_estimate: float = 0.0  # the last step's mean per-token KL to the reference (the KL term's size proxy)
+
+    def min_prompt_inclusion(self):
+        """Uniform rule 1 - r_q (bernoulli; fixed_count's (n - floor(r_q n)) / n is no smaller); proportional rule
+        (1 - lambda) pi_min + lambda (1 - r_q)."""
+        if self.prompt_prune_rate == 0:
+            return 1.0
+        uniform = 1.0 - self.prompt_prune_rate
+        if self.inclusion == "proportional":
+            return (1 - self.uniform_mix) * self.inclusion_floor + self.uniform_mix * uniform
+        return uniform
 
     def prompt_candidates(self, keys: list[int], history) -> torch.Tensor:
         """[S] bool from history: zero-variance group at the last visit (or mean |A| below the threshold);
@@ -303,7 +311,7 @@ class DPPO(Pruner):
         for j, k in enumerate(keys):
             rec = history.get(k)
             if rec is not None:
-                out[j] = rec.zero_variance if self.prompt_rule == "zero_variance" \
+                out[j] = rec.zero_variance if self.prompt_candidate_rule == "zero_variance" \
                     else rec.mean_abs_adv < self.abs_adv_threshold
         return out
 
@@ -314,17 +322,17 @@ class DPPO(Pruner):
 
     def prompt_inclusion(self, keys, history):
         candidates = self.prompt_candidates(keys, history)
-        uniform = inclusion_probs(candidates, self.prompt_rate, self.sampling)
+        uniform = inclusion_probs(candidates, self.prompt_prune_rate, self.prune_sampling)
         if self.inclusion == "uniform":
             return uniform
         # proportional: the uniform rule's expected kept count over the seen prompts, pi ~ the mean size proxy of
         # the last visit's completions, floored (a prompt's gradient now is never known to be zero); never-seen: pi = 1
         seen = torch.tensor([history.get(k) is not None for k in keys], dtype=torch.bool)
         pi = torch.ones(len(keys), dtype=torch.float64)
-        if self.prompt_rate > 0 and bool(seen.any()):
+        if self.prompt_prune_rate > 0 and bool(seen.any()):
             size = torch.tensor([history.get(k).mean_size for k, s in zip(keys, seen.tolist()) if s],
                                 dtype=torch.float64)
-            budget = float(seen.sum()) - self.prompt_rate * float(candidates.sum())
+            budget = float(seen.sum()) - self.prompt_prune_rate * float(candidates.sum())
             pi[seen] = proportional_probs(size, budget, self.inclusion_floor, exact_zeros=False)
         return self._mix(pi, uniform)
 
@@ -350,10 +358,10 @@ class DPPO(Pruner):
     def completion_inclusion(self, rewards, adv, lengths=None, logit_grad=None) -> torch.Tensor:
         """pi_o [B, G] of the completion stage, without drawing."""
         candidates = completion_candidates(adv, rewards)
-        uniform = inclusion_probs(candidates, self.completion_rate, self.sampling)
+        uniform = inclusion_probs(candidates, self.completion_prune_rate, self.prune_sampling)
         if self.inclusion == "uniform":
             return uniform
-        budget = adv.numel() - self.completion_rate * float(candidates.sum())
+        budget = adv.numel() - self.completion_prune_rate * float(candidates.sum())
         exact = self.kl_coef == 0  # A = 0 and no KL term: l = 0 for every theta, so pi = 0 is exact
         size = self.completion_size(adv, lengths, logit_grad)
         return self._mix(proportional_probs(size, budget, self.inclusion_floor, exact), uniform)
@@ -362,13 +370,13 @@ class DPPO(Pruner):
         if self.inclusion == "proportional":
             pi = self.prompt_inclusion(keys, history)
             return Selection(draw_poisson(pi, gen), pi)
-        return Selection(*draw_keep_mask(self.prompt_candidates(keys, history), self.prompt_rate, self.sampling, gen))
+        return Selection(*draw_keep_mask(self.prompt_candidates(keys, history), self.prompt_prune_rate, self.prune_sampling, gen))
 
     def select_completions(self, rewards, adv, gen, lengths=None, logit_grad=None):
         if self.inclusion == "proportional":
             pi = self.completion_inclusion(rewards, adv, lengths, logit_grad)
             return Selection(draw_poisson(pi, gen), pi, self.completion_size(adv, lengths, logit_grad))
-        return Selection(*draw_keep_mask(completion_candidates(adv, rewards), self.completion_rate, self.sampling, gen))
+        return Selection(*draw_keep_mask(completion_candidates(adv, rewards), self.completion_prune_rate, self.prune_sampling, gen))
 
     def after_step(self, rolled_rewards, epoch, stats=None):
         if stats and stats.get("kl") is not None:
@@ -398,19 +406,17 @@ class UnweightedDPPO(DPPO):
 @dataclass
 class CPPO(Pruner):
     """CPPO: keep the top ceil((1-P) G) |A| completions per group (or per batch); no weights."""
-    prune_rate: float = 0.0  # P
-    per_group: bool = True
-    allocation: bool = True  # roll out ceil(B / (1 - P)) prompts so ~B*G completions train
+    completion_prune_rate: float = 0.0  # P
+    cppo_per_group: bool = True
+    cppo_allocation: bool = True  # roll out ceil(B / (1 - P)) prompts so ~B*G completions train
     weighted = False
     unbiased_z = False
-    config_fields: ClassVar[dict[str, str]] = {"completion_prune_rate": "prune_rate", "cppo_per_group": "per_group",
-                                               "cppo_allocation": "allocation"}
 
     def prompts_to_cover(self, batch_prompts):
-        return math.ceil(batch_prompts / (1 - self.prune_rate)) if self.allocation else batch_prompts
+        return math.ceil(batch_prompts / (1 - self.completion_prune_rate)) if self.cppo_allocation else batch_prompts
 
     def select_completions(self, rewards, adv, gen, lengths=None, logit_grad=None):
-        return Selection(cppo_keep(adv, self.prune_rate, self.per_group), torch.ones_like(adv, dtype=torch.float64))
+        return Selection(cppo_keep(adv, self.completion_prune_rate, self.cppo_per_group), torch.ones_like(adv, dtype=torch.float64))
 
 
 @dataclass
@@ -423,13 +429,14 @@ class GresoState:
     step_size: float = 0.01
     low: float = 0.05
     high: float = 0.95
+    min_keep: float = 0.01  # a prompt is kept with probability at least this
 
     def skip_prob(self, easy_streak: int, hard_streak: int) -> float:
-        """1 - max(p^z, 0.01) with z the count of the most recent consecutive zero-variance visits."""
+        """1 - max(p^z, min_keep) with z the count of the most recent consecutive zero-variance visits."""
         if easy_streak > 0:
-            return 1.0 - max(self.p_easy ** easy_streak, 0.01)
+            return 1.0 - max(self.p_easy ** easy_streak, self.min_keep)
         if hard_streak > 0:
-            return 1.0 - max(self.p_hard ** hard_streak, 0.01)
+            return 1.0 - max(self.p_hard ** hard_streak, self.min_keep)
         return 0.0
 
     def adapt(self, frac_easy: float, frac_hard: float) -> None:
@@ -449,6 +456,9 @@ class GRESO(Pruner):
     state: GresoState = field(default_factory=GresoState)
     weighted = False
     unbiased_z = False
+
+    def min_prompt_inclusion(self):
+        return self.state.min_keep
 
     def prompt_inclusion(self, keys, history):
         skip = torch.zeros(len(keys), dtype=torch.float64)
@@ -481,15 +491,14 @@ class GRESO(Pruner):
 @dataclass
 class DAPOFilter(Pruner):
     """DAPO dynamic sampling: drop zero-variance groups, roll out more prompts until B groups are
-    informative (at most `max_rounds` rounds), train the first B; no weights."""
-    max_rounds: int = 4
+    informative (at most `dapo_max_rounds` rounds), train the first B; no weights."""
+    dapo_max_rounds: int = 4
     weighted = False
     unbiased_z = False
-    config_fields: ClassVar[dict[str, str]] = {"dapo_max_rounds": "max_rounds"}
 
     @property
     def refill_rounds(self):
-        return self.max_rounds
+        return self.dapo_max_rounds
 
     def needs_refill(self, rewards, batch_prompts):
         return int((rewards.max(1).values != rewards.min(1).values).sum()) < batch_prompts
@@ -505,11 +514,6 @@ class DAPOFilter(Pruner):
 # name -> class; the config's `pruner` choices are these keys
 PRUNERS: dict[str, type[Pruner]] = {"none": NoPruning, "dppo": DPPO, "dppo_biased": BiasedDPPO, "dppo_unweighted": UnweightedDPPO, "cppo": CPPO,
                                     "greso": GRESO, "dapo_filter": DAPOFilter}
-# the pruning fields each pruner reads (anything else set away from its default is an error in the config)
-PRUNER_FIELDS: dict[str, tuple[str, ...]] = {name: tuple(cls.config_fields) for name, cls in PRUNERS.items()
-                                             if cls.config_fields}
-
-
 def build_pruner(cfg) -> Pruner:
     """The pruner named by `cfg.pruner`, given only its own settings from the config's fields."""
     if cfg.pruner not in PRUNERS:

@@ -144,8 +144,8 @@ def keep_weights_only(run_dir: str | Path) -> None:
 STORAGE_FIELDS = ("resume", "keep_checkpoints", "keep_checkpoints_after_final")
 # Modules that lay out, read or report runs and never train one (the studies' configs are compared field by field):
 # editing them leaves every trained run valid. Every other module (a new one too) is part of `code_hash`.
-REPORTING_MODULES = ("budget.py", "case_study.py", "figures.py", "readme.py", "results.py", "studies.py", "tables.py",
-                     "variance.py")
+REPORTING_MODULES = ("budget.py", "case_study.py", "figures.py", "readme.py", "reference.py", "results.py", "studies.py",
+                     "tables.py", "variance.py")
 
 
 def _config(config: str | Path, output_dir: str | Path, smoke: bool = False, **overrides) -> TrainConfig:

@@ -26,16 +26,6 @@ from dppo.errors import ConfigError
 if TYPE_CHECKING:
     from dppo.data import Problem
 
-# Fields a resumed run may change: where and how often it evaluates and saves, how far it goes, how it batches
-# (the same rows and the same arithmetic up to float summation order) and memory knobs. Every other field
-# changes the run (model, data, algorithm, pruning, batch shape, optimiser, sampling, seed) and must match.
-RESUMABLE_CHANGES = ("output_dir", "resume", "eval_every", "eval_samples", "eval_samples_per_split",
-                     "eval_temperature", "eval_before_train", "save_every", "keep_checkpoints", "keep_checkpoints_after_final",
-                     "save_dtype", "max_steps",
-                     "rollout_batch_size", "micro_batch_size", "micro_batch_tokens", "gradient_checkpointing",
-                     "vllm_gpu_memory_utilization", "vllm_max_num_seqs", "max_skipped_steps", "zero_variance_warn_steps",
-                     "process_group_timeout_s")
-
 _HELD: set[str] = set()  # lock files this process holds
 
 
@@ -205,11 +195,13 @@ def checkpoint_state(ckpt: Path) -> dict:
     return state
 
 
-def config_changes(saved: dict, current: dict) -> list[str]:
-    """'field (saved -> current)' for each field that differs and may not change on resume."""
+def config_changes(saved: dict, current: dict, resumable: tuple[str, ...]) -> list[str]:
+    """'field (saved -> current)' for each field that differs and may not change on resume (not in `resumable`:
+    where and how often a run evaluates and saves, how far it goes, how it batches (the same rows and arithmetic up
+    to float summation order) and memory knobs; `config.RESUMABLE_CHANGES`)."""
     out = []
     for name, value in current.items():
-        if name in RESUMABLE_CHANGES or name not in saved:
+        if name in resumable or name not in saved:
             continue
         if saved[name] != value and not (isinstance(value, float) and isinstance(saved[name], (int, float))
                                          and math.isclose(saved[name], value, rel_tol=1e-12)):

@@ -502,7 +502,7 @@ def row_overrides(config: str, over: dict, overrides: dict) -> tuple[dict, dict[
     """The part of a study's `overrides` that applies to one row (YAML `config`, the row's own fields `over`), and
     {field: why} for the rest: a pruning field the row's pruner does not read (a pruning rate on the GRPO row), or a
     field the row sets itself beyond the study setup (`SETUP_FIELDS`)."""
-    from dppo.pruning import PRUNER_FIELDS
+    from dppo.config import PRUNER_FIELDS
 
     pruning = {f for names in PRUNER_FIELDS.values() for f in names}
     pruner = _pruner(config, over)
@@ -581,7 +581,7 @@ def large_fields(config: str) -> dict:
     the study's `overrides` set that it trains otherwise (tests/test_real_profile.py checks the real profile's)."""
     import yaml
 
-    from dppo.pruning import PRUNER_FIELDS
+    from dppo.config import PRUNER_FIELDS
 
     pruning = {f for names in PRUNER_FIELDS.values() for f in names} | {"pruner"}
     fields = yaml.safe_load((ROOT / config).read_text()) or {}

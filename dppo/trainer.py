@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from dppo import progress
 from dppo.composition import PromptStream, StepComposer, prompt_limit
-from dppo.config import COMPUTE_DTYPES, ConfigError, TrainConfig
+from dppo.config import COMPUTE_DTYPES, RESUMABLE_CHANGES, ConfigError, TrainConfig
 from dppo.cost import ModelShape, training_multiplier
 from dppo.data import MATH_INSTRUCTION, Problem, load_problems, model_prompts, overlap
 from dppo.device_memory import DeviceMemory
@@ -652,7 +652,7 @@ class Trainer:
         """Restore model, optimizer, RNG and data position (the learning rate follows from the step) from the newest
         readable checkpoint (a corrupt one is passed over, and said so); metrics.jsonl is cut back to that step so a resumed run's log
         equals an uninterrupted one. A checkpoint made with another config (a field outside
-        `runfiles.RESUMABLE_CHANGES`) or other training data stops the run with one line."""
+        `config.RESUMABLE_CHANGES`) or other training data stops the run with one line."""
         ckpts = self.out / "checkpoints"
         done = sorted((p for p in ckpts.glob("step_*") if p.is_dir() and p.name[5:].isdigit()),
                       key=lambda p: int(p.name.split("_")[1]), reverse=True)
@@ -670,11 +670,12 @@ class Trainer:
             except ValueError as e:
                 problems.append(f"{ckpt.name}: {e}")
                 continue
-            changed = config_changes(state.get("config") or self.legacy_config(), self.cfg.to_dict())
+            changed = config_changes(state.get("config") or self.legacy_config(), self.cfg.to_dict(),
+                                     RESUMABLE_CHANGES)
             if changed:
                 raise ConfigError(f"cannot resume from {str(ckpt)!r}: config field(s) changed: {'; '.join(changed)}; "
                                   f"restore them or set resume: false to start over (fields that may change: "
-                                  f"runfiles.RESUMABLE_CHANGES, docs/engineering.md §4.3)")
+                                  f"config.RESUMABLE_CHANGES, docs/engineering.md §4.3)")
             if state.get("train_data", data_fingerprint(self.train)) != data_fingerprint(self.train):
                 raise ConfigError(f"cannot resume from {str(ckpt)!r}: the training data differ from the checkpoint's "
                                   f"(dataset {self.cfg.dataset!r} changed?); set resume: false to start over")
@@ -762,7 +763,7 @@ class Trainer:
         if any(p.name[5:].isdigit() for p in (self.out / "checkpoints").glob("step_*")):
             return False  # resuming from the last checkpoint finishes at once, and rewrites final/ identically
         saved = self.legacy_config()
-        changed = config_changes(saved, self.cfg.to_dict()) if saved else ["config.yaml (unreadable)"]
+        changed = config_changes(saved, self.cfg.to_dict(), RESUMABLE_CHANGES) if saved else ["config.yaml (unreadable)"]
         if changed:
             raise ConfigError(f"{str(self.out)!r} holds a finished run of another config: field(s) changed: "
                               f"{'; '.join(changed)}; restore them, or set resume: false to start over")

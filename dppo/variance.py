@@ -256,13 +256,13 @@ def rule_variances(batch: dict, rates: list[float], mixes: list[float], kl_coef:
     oracle_in = oracle_inputs(gram, G)
     rows = []
     for r in rates:
-        uniform = closed_form_variance(gram, DPPO(prompt_rate=r, completion_rate=r), history, rewards, adv)["variance"]
-        rules = [("uniform", DPPO(prompt_rate=r, completion_rate=r), None)]
-        rules += [(rule_name(proxy, mix), DPPO(prompt_rate=r, completion_rate=r, inclusion="proportional",
+        uniform = closed_form_variance(gram, DPPO(prompt_prune_rate=r, completion_prune_rate=r), history, rewards, adv)["variance"]
+        rules = [("uniform", DPPO(prompt_prune_rate=r, completion_prune_rate=r), None)]
+        rules += [(rule_name(proxy, mix), DPPO(prompt_prune_rate=r, completion_prune_rate=r, inclusion="proportional",
                                                                size_proxy=proxy, uniform_mix=mix, kl_coef=kl_coef,
                                                                kl_estimate=kl), batch["logit_grad"])
                   for proxy in SIZE_PROXIES for mix in mixes]
-        rules.append(("oracle", OracleDPPO(prompt_rate=r, completion_rate=r, inclusion="proportional"), oracle_in))
+        rules.append(("oracle", OracleDPPO(prompt_prune_rate=r, completion_prune_rate=r, inclusion="proportional"), oracle_in))
         for name, pruner, grad in rules:
             if name != "uniform":
                 sized = history_from(rewards, adv, batch["lengths"], pruner.completion_size(adv, lengths, grad))

@@ -92,14 +92,14 @@ print(f"batch seed {batch_seed}, rewards per prompt:", rewards.mean(1).tolist())
 rows = []
 for r in rates:
     settings = {
-        "DPPO (r_q = r_o = r)": DPPO(prompt_rate=r, completion_rate=r),
-        "DPPO proportional (same budget)": DPPO(prompt_rate=r, completion_rate=r, inclusion="proportional",
+        "DPPO (r_q = r_o = r)": DPPO(prompt_prune_rate=r, completion_prune_rate=r),
+        "DPPO proportional (same budget)": DPPO(prompt_prune_rate=r, completion_prune_rate=r, inclusion="proportional",
                                                 kl_coef=kl_coef, kl_estimate=kl, **DEFAULT),
-        "DPPO oracle (same budget)": variance.OracleDPPO(prompt_rate=r, completion_rate=r, inclusion="proportional"),
-        "DPPO prompt only (r_q = r)": DPPO(prompt_rate=r),
-        "DPPO completion only (r_o = r)": DPPO(completion_rate=r),
-        "DPPO without 1/pi": BiasedDPPO(prompt_rate=r, completion_rate=r),
-        "CPPO (P = r)": CPPO(prune_rate=r, allocation=False),
+        "DPPO oracle (same budget)": variance.OracleDPPO(prompt_prune_rate=r, completion_prune_rate=r, inclusion="proportional"),
+        "DPPO prompt only (r_q = r)": DPPO(prompt_prune_rate=r),
+        "DPPO completion only (r_o = r)": DPPO(completion_prune_rate=r),
+        "DPPO without 1/pi": BiasedDPPO(prompt_prune_rate=r, completion_prune_rate=r),
+        "CPPO (P = r)": CPPO(completion_prune_rate=r, cppo_allocation=False),
     }
     for name, pruner in settings.items():
         sizes = oracle_sizes if "oracle" in name else logit_grad  # the oracle's true norms travel in this slot

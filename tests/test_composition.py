@@ -40,7 +40,7 @@ def _composer(refill, window=4, epochs=1):
 
 @pytest.mark.parametrize("refill", ["prompts", "tokens"])
 def test_every_prompt_is_covered_once_per_epoch_and_windows_stay_in_their_epoch(refill):
-    pruner = DPPO(prompt_rate=0.5)
+    pruner = DPPO(prompt_prune_rate=0.5)
     comp, hist = _composer(refill, epochs=3), _history()
     for k in (3, 4):  # four of the six prompts are candidates
         hist.update(k, [0.0] * G, [0.0] * G, [4] * G, step=0)
@@ -59,7 +59,7 @@ def test_every_prompt_is_covered_once_per_epoch_and_windows_stay_in_their_epoch(
 
 
 def test_fixed_count_prompt_budget_rolls_out_exactly_the_budget():
-    pruner = DPPO(prompt_rate=0.5, sampling="fixed_count")
+    pruner = DPPO(prompt_prune_rate=0.5, prune_sampling="fixed_count")
     hist = PromptHistory()
     for k in range(40):  # every other prompt was zero-variance last epoch
         hist.update(k, [float(k % 2)] * G if k % 4 < 2 else [1.0, 0.0, 0.0], [0.0] * G, [k % 7 + 1] * G, step=0)
@@ -120,7 +120,7 @@ def test_refill_is_exactly_unbiased_over_an_epoch(mode, refill, normaliser):
     epoch's summed loss; fixed (Z = B G): sum_s L_hat_s unbiased for sum of all losses / (B G), which is GRPO's
     summed step losses over the epoch (docs/method.md §2.6)."""
     loss = torch.randn(N, G, generator=torch.Generator().manual_seed(5), dtype=torch.float64)  # arbitrary l_{q,i}
-    pruner = DPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode)
+    pruner = DPPO(prompt_prune_rate=0.5, completion_prune_rate=0.5, prune_sampling=mode)
     total, partitions = _epoch_expectation(pruner, refill, normaliser, loss)
     target = float(loss.sum()) if normaliser == "covered" else float(loss.sum()) / (B * G)
     assert total == pytest.approx(target, rel=1e-9)  # every prompt's G losses, once

@@ -140,7 +140,7 @@ def _expected_and_full(tr, agg, mode, rq, ro, extra, kept_token_normaliser=False
     prompts, comps = _rollouts(tr.policy.config.vocab_size)
     lengths = torch.tensor([[len(c) for c in comps[k]] for k in range(B)])
     history = _history()
-    pruner = DPPO(prompt_rate=rq, completion_rate=ro, sampling=mode, inclusion=tr.cfg.inclusion,
+    pruner = DPPO(prompt_prune_rate=rq, completion_prune_rate=ro, prune_sampling=mode, inclusion=tr.cfg.inclusion,
                   kl_coef=tr.cfg.kl_coef, kl_estimate=0.2, loss_agg=agg)
     keys = list(range(B))
     logit_grad = _logit_grad(lengths)
@@ -225,7 +225,7 @@ def test_proportional_with_kl_is_unbiased_within_monte_carlo_error(trainer):
     tr.plan = dataclasses.replace(tr.plan, packing="none")
     prompts, comps = _rollouts(tr.policy.config.vocab_size)
     lengths = torch.tensor([[len(c) for c in comps[k]] for k in range(B)])
-    pruner = DPPO(prompt_rate=0.5, completion_rate=0.7, inclusion="proportional", inclusion_floor=0.2, kl_coef=0.05,
+    pruner = DPPO(prompt_prune_rate=0.5, completion_prune_rate=0.7, inclusion="proportional", inclusion_floor=0.2, kl_coef=0.05,
                   kl_estimate=0.2)
     gen, grads, kept, logit_grad = torch.Generator().manual_seed(0), [], [], _logit_grad(lengths)
     for _ in range(400):

@@ -51,7 +51,7 @@ def test_monte_carlo_gradient_matches_full_batch(setup, mode):
     For an unbiased estimator E[err^2] = se^2 exactly, so err > 3 se has probability below 1/9 (Markov) on any batch
     and about 0.3% when one direction dominates (chi-square, 1 dof); the exact test below carries the verdict."""
     rewards, adv, gram, history, *_ = setup
-    dppo = DPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode)
+    dppo = DPPO(prompt_prune_rate=0.5, completion_prune_rate=0.5, prune_sampling=mode)
     cos, err, se = _mc_check(coefficients(dppo, rewards, history, 4000), gram)
     assert cos > 0.99 and err < 3 * se, (cos, err, se)
 
@@ -80,10 +80,10 @@ def test_exact_expected_gradient_weighted_vs_unweighted(setup, mode):
         diff = expected - full
         return float(torch.sqrt(torch.clamp(diff @ gram @ diff, min=0.0)))
 
-    unbiased = _expected_coefficients(DPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode), rewards, history)
+    unbiased = _expected_coefficients(DPPO(prompt_prune_rate=0.5, completion_prune_rate=0.5, prune_sampling=mode), rewards, history)
     torch.testing.assert_close(unbiased, full, rtol=0, atol=1e-12)
     assert bias(unbiased) < 1e-9 * full_norm
-    biased = _expected_coefficients(BiasedDPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode), rewards, history)
+    biased = _expected_coefficients(BiasedDPPO(prompt_prune_rate=0.5, completion_prune_rate=0.5, prune_sampling=mode), rewards, history)
     assert float(biased.sum()) == pytest.approx(1.0, abs=1e-12)  # a plain mean over the kept rows
     assert bias(biased) > 1e-6 * full_norm, (bias(biased), full_norm)
 
@@ -113,9 +113,9 @@ def test_variance_matches_closed_form(setup, rate):
     pi_o = torch.where(completion_candidates(adv, rewards), torch.tensor(1 - rate, dtype=torch.float64), 1.0).reshape(-1)
     pi_q = torch.tensor([1 - rate, 1 - rate, 1.0, 1.0], dtype=torch.float64)
     cases = {
-        "completion": (DPPO(completion_rate=rate), ((1 / pi_o - 1) * sq).sum()),
-        "prompt": (DPPO(prompt_rate=rate), ((1 / pi_q - 1) * sq_group).sum()),
-        "both": (DPPO(prompt_rate=rate, completion_rate=rate),
+        "completion": (DPPO(completion_prune_rate=rate), ((1 / pi_o - 1) * sq).sum()),
+        "prompt": (DPPO(prompt_prune_rate=rate), ((1 / pi_q - 1) * sq_group).sum()),
+        "both": (DPPO(prompt_prune_rate=rate, completion_prune_rate=rate),
                  ((1 / pi_q - 1) * sq_group).sum() + (group @ ((1 / pi_o - 1) * sq) / pi_q).sum()),
     }
     for name, (pruner, closed) in cases.items():
@@ -135,7 +135,7 @@ def test_variance_matches_closed_form(setup, rate):
     # the weights largest: the Monte-Carlo is the slow part.
     if rate != 0.9:
         return
-    prop = DPPO(prompt_rate=rate, completion_rate=rate, inclusion="proportional", kl_coef=0.1, kl_estimate=0.1)
+    prop = DPPO(prompt_prune_rate=rate, completion_prune_rate=rate, inclusion="proportional", kl_coef=0.1, kl_estimate=0.1)
     lengths = torch.tensor(setup[4]).view(B, G)  # fixed by construction, as the logit proxy's sizes below
     logit_grad = torch.stack([0.3 * lengths, 0.2 * lengths.sqrt() + (torch.arange(N) % 4).view(B, G)], -1).double()
     exact = closed_form_variance(gram, prop, history, rewards, adv, lengths, logit_grad)
@@ -158,7 +158,7 @@ def test_monte_carlo_refilled_epoch_matches_full_batch(setup, refill):
     from dppo.composition import PromptStream, StepComposer
 
     rewards, adv, gram, history, lengths, _ = setup
-    dppo = DPPO(prompt_rate=0.5, completion_rate=0.5)
+    dppo = DPPO(prompt_prune_rate=0.5, completion_prune_rate=0.5)
     gen = torch.Generator().manual_seed(2)
     draws = 3000
     coef = torch.zeros(draws, N, dtype=torch.float64)
@@ -211,7 +211,7 @@ def test_sketched_gram_gives_f3s_statistics_on_the_exact_grams_scale(embedded, s
     full = torch.full((N,), 1.0 / N, dtype=torch.float64)
     assert float(full @ sketched @ full) == pytest.approx(float(full @ gram @ full), rel=tolerance)
     for rate in (0.3, 0.9):
-        pruner = DPPO(prompt_rate=rate, completion_rate=rate)
+        pruner = DPPO(prompt_prune_rate=rate, completion_prune_rate=rate)
         exact = closed_form_variance(gram, pruner, history, rewards, adv)["variance"]
         assert closed_form_variance(sketched, pruner, history, rewards, adv)["variance"] == pytest.approx(
             exact, rel=tolerance), rate

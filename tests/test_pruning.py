@@ -65,7 +65,7 @@ def test_dppo_is_exactly_unbiased(mode, rates, agg, normaliser, seed):
     """E[L_hat] = sum_{b,i} l_{b,i} / Z for every aggregation's Z, both sampling modes and both normalisers;
     with no prompt pruning the token-mean Z is the batch's token count (DAPO's normaliser)."""
     rewards, loss, lengths, history = _inputs(seed)
-    pruner = DPPO(prompt_rate=rates[0], completion_rate=rates[1], sampling=mode)
+    pruner = DPPO(prompt_prune_rate=rates[0], completion_prune_rate=rates[1], prune_sampling=mode)
     full = float(loss.sum()) / _target_normaliser(pruner, lengths, history, agg, normaliser)
     expected = _expected_loss(pruner, rewards, loss, lengths, history, loss_agg=agg, loss_normaliser=normaliser,
                               prompts_per_step=2)
@@ -78,7 +78,7 @@ def test_dppo_is_exactly_unbiased(mode, rates, agg, normaliser, seed):
 def test_biased_dppo_is_biased(mode):
     rewards, loss, lengths, history = _inputs(0)
     full = float(loss.sum()) / (B * G)
-    expected = _expected_loss(BiasedDPPO(prompt_rate=0.5, completion_rate=0.5, sampling=mode), rewards, loss, lengths,
+    expected = _expected_loss(BiasedDPPO(prompt_prune_rate=0.5, completion_prune_rate=0.5, prune_sampling=mode), rewards, loss, lengths,
                               history)
     assert abs(expected - full) > 1e-4 * max(1.0, abs(full))  # vs 1e-9 for DPPO on the same inputs
 
@@ -93,7 +93,7 @@ def test_unweighted_dppo_removes_the_weights_and_nothing_else(agg):
     def step(pruner):
         return prune_step(pruner, list(range(B)), history, lambda keys: (rewards[keys], lengths[keys]),
                           torch.Generator().manual_seed(0), group_size=G, loss_agg=agg)
-    kw = dict(prompt_rate=0.5, completion_rate=0.5)
+    kw = dict(prompt_prune_rate=0.5, completion_prune_rate=0.5)
     full, unweighted, biased = step(DPPO(**kw)), step(UnweightedDPPO(**kw)), step(BiasedDPPO(**kw))
     assert full.rolled == unweighted.rolled and torch.equal(full.rows, unweighted.rows)
     assert unweighted.normaliser == full.normaliser
@@ -108,13 +108,13 @@ def test_kept_token_count_normaliser_is_biased():
     full = float(loss.sum()) / float(lengths.sum())
 
     def kept_tokens_rule():
-        step = prune_step(DPPO(completion_rate=0.5), list(range(B)), history,
+        step = prune_step(DPPO(completion_prune_rate=0.5), list(range(B)), history,
                           lambda keys: (rewards[keys], lengths[keys]), torch.Generator(), group_size=G,
                           loss_agg="token-mean")
         kept = step.rows
         return float((step.weights * loss.reshape(-1)[kept]).sum()) / float(lengths.reshape(-1)[kept].sum())
     assert abs(expectation(kept_tokens_rule) / full - 1) > 0.05
-    assert _expected_loss(DPPO(completion_rate=0.5), rewards, loss, lengths, history,
+    assert _expected_loss(DPPO(completion_prune_rate=0.5), rewards, loss, lengths, history,
                           loss_agg="token-mean") == pytest.approx(full, rel=1e-9)
 
 
@@ -127,7 +127,7 @@ def test_cppo_dapo_greso_are_biased():
     rewards, loss, lengths, history = _inputs(0)
     full = float(loss.sum()) / (B * G)
     # CPPO: deterministic top-|A| selection, plain mean over what it keeps
-    step = _one_step(CPPO(prune_rate=0.5, allocation=False), rewards, lengths, history)
+    step = _one_step(CPPO(completion_prune_rate=0.5, cppo_allocation=False), rewards, lengths, history)
     assert int(step.completion.keep.sum()) == B * 2 and step.normaliser == B * 2 and (step.weights == 1).all()
     assert abs(float(loss.reshape(-1)[step.rows].sum()) / step.normaliser - full) > 1e-3
     # DAPO dynamic sampling: zero-variance groups dropped, plain mean
@@ -202,7 +202,7 @@ def test_proportional_inclusion_is_exactly_unbiased(rates, agg, kl_coef, seed, p
     if kl_coef == 0:  # l = A u: zero exactly where A = 0, as every surrogate without a KL term
         loss = grpo_advantages(rewards).double() * loss
     logit_grad = torch.rand(2, 3, 2, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * lengths[..., None]
-    pruner = DPPO(prompt_rate=rates[0], completion_rate=rates[1], inclusion="proportional", inclusion_floor=0.2,
+    pruner = DPPO(prompt_prune_rate=rates[0], completion_prune_rate=rates[1], inclusion="proportional", inclusion_floor=0.2,
                   size_proxy=proxy, uniform_mix=mix, kl_coef=kl_coef, kl_estimate=0.3, loss_agg=agg)
     full = float(loss.sum()) / _target_normaliser(pruner, lengths, history, agg, "covered")
     expected = _expected_loss(pruner, rewards, loss, lengths, history, logit_grad, loss_agg=agg)
@@ -231,8 +231,8 @@ def test_proportional_spends_the_uniform_budget(rate):
     can absorb it here), and it drops the zero-advantage rows the uniform rule keeps with 1 - r."""
     rewards, _, lengths, _ = _inputs(0)
     adv = grpo_advantages(rewards)
-    uniform = DPPO(completion_rate=rate).completion_inclusion(rewards, adv, lengths)
-    prop = DPPO(completion_rate=rate, inclusion="proportional", size_proxy="adv",
+    uniform = DPPO(completion_prune_rate=rate).completion_inclusion(rewards, adv, lengths)
+    prop = DPPO(completion_prune_rate=rate, inclusion="proportional", size_proxy="adv",
                 uniform_mix=0.0).completion_inclusion(rewards, adv, lengths)
     if float(uniform.sum()) < int((adv != 0).sum()):
         assert float(prop.sum()) == pytest.approx(float(uniform.sum()), rel=1e-9)
@@ -278,7 +278,7 @@ def test_uniform_mix_bounds_the_weights_and_the_variance(seed, rate):
     adv, lengths = grpo_advantages(rewards), torch.randint(1, 30, (6, 8), generator=g)
     logit_grad = torch.rand(6, 8, 2, generator=g, dtype=torch.float64) * lengths[..., None]
     sq = torch.rand(6, 8, generator=g, dtype=torch.float64) ** 4 * 10  # true squared norms, heavy-tailed
-    kw = dict(completion_rate=rate, kl_coef=0.1, kl_estimate=0.05)
+    kw = dict(completion_prune_rate=rate, kl_coef=0.1, kl_estimate=0.05)
     uniform = DPPO(**kw).completion_inclusion(rewards, adv, lengths)
     prop = DPPO(**kw, inclusion="proportional", uniform_mix=0.0).completion_inclusion(rewards, adv, lengths, logit_grad)
     for mix in (0.1, 0.25, 0.5):
@@ -303,7 +303,7 @@ def test_oracle_has_the_least_variance_at_the_budget(seed, rate):
     adv, lengths = grpo_advantages(rewards), torch.randint(1, 30, (6, 8), generator=g)
     logit_grad = torch.rand(6, 8, 2, generator=g, dtype=torch.float64) * lengths[..., None]
     sq = torch.rand(6, 8, generator=g, dtype=torch.float64) ** 4 * 10 + 1e-3
-    kw = dict(completion_rate=rate, kl_coef=0.1, kl_estimate=0.05)
+    kw = dict(completion_prune_rate=rate, kl_coef=0.1, kl_estimate=0.05)
     oracle_pi = OracleDPPO(**kw, inclusion="proportional").completion_inclusion(
         rewards, adv, lengths, torch.stack([sq.sqrt(), sq.sqrt()], -1))
     oracle = _completion_variance(oracle_pi, sq)
@@ -386,10 +386,10 @@ def test_abs_adv_candidate_rule():
     history.update(3, [0.0, 0.0, 0.0, 0.0], [0.0] * 4, [5] * 4, step=0)  # |A| = 0
     history.update(4, [1.0, 0.0, 1.0, 0.0], [1.0, 0.0, 2.0, 1.0], [5] * 4, step=0)  # mean |A| 1: large
     keys = [0, 1, 2, 3, 4, 5]  # 5: never seen
-    rule = DPPO(prompt_rate=0.4, prompt_rule="abs_adv", abs_adv_threshold=0.25)
+    rule = DPPO(prompt_prune_rate=0.4, prompt_candidate_rule="abs_adv", abs_adv_threshold=0.25)
     assert rule.prompt_candidates(keys, history).tolist() == [True, False, False, True, False, False]
     assert rule.prompt_inclusion(keys, history).tolist() == [0.6, 1.0, 1.0, 0.6, 1.0, 1.0]
-    zero_variance = DPPO(prompt_rate=0.4, abs_adv_threshold=0.25)
+    zero_variance = DPPO(prompt_prune_rate=0.4, abs_adv_threshold=0.25)
     assert zero_variance.prompt_candidates(keys, history).tolist() == [False, True, False, True, False, False]
 
 
@@ -405,15 +405,15 @@ def test_every_pruner_field_reaches_its_pruner():
     for name, cls in (("dppo", DPPO), ("dppo_biased", BiasedDPPO), ("dppo_unweighted", UnweightedDPPO)):
         pruner = build_pruner(TrainConfig(pruner=name, **dppo_fields))
         assert type(pruner) is cls
-        assert pruner == cls(prompt_rate=0.3, completion_rate=0.4, sampling="fixed_count", prompt_rule="abs_adv",
+        assert pruner == cls(prompt_prune_rate=0.3, completion_prune_rate=0.4, prune_sampling="fixed_count", prompt_candidate_rule="abs_adv",
                              abs_adv_threshold=0.2, inclusion="uniform", inclusion_floor=0.2, size_proxy="adv",
                              uniform_mix=0.5, kl_coef=0.07, loss_agg="token-mean")
     pruner = build_pruner(TrainConfig(pruner="dppo", inclusion="proportional", size_proxy="length"))
     assert (pruner.inclusion, pruner.size_proxy) == ("proportional", "length")
     cppo = build_pruner(TrainConfig(pruner="cppo", completion_prune_rate=0.4, cppo_per_group=False,
                                     cppo_allocation=False))
-    assert cppo == CPPO(prune_rate=0.4, per_group=False, allocation=False)
-    assert build_pruner(TrainConfig(pruner="dapo_filter", dapo_max_rounds=7)) == DAPOFilter(max_rounds=7)
+    assert cppo == CPPO(completion_prune_rate=0.4, cppo_per_group=False, cppo_allocation=False)
+    assert build_pruner(TrainConfig(pruner="dapo_filter", dapo_max_rounds=7)) == DAPOFilter(dapo_max_rounds=7)
     assert type(build_pruner(TrainConfig(pruner="greso"))) is GRESO
 
 
@@ -431,7 +431,7 @@ def test_dapo_filter_refills_and_trains_the_first_b_informative_groups():
         def rollout(ks):
             rolled_out.append(list(ks))
             return torch.tensor([table[k] for k in ks]), torch.full((len(ks), G), 4)
-        step = prune_step(DAPOFilter(max_rounds=max_rounds), keys, PromptHistory(), rollout, torch.Generator(),
+        step = prune_step(DAPOFilter(dapo_max_rounds=max_rounds), keys, PromptHistory(), rollout, torch.Generator(),
                           group_size=G, more_keys=lambda n: next(more))
         return step, rolled_out
 

@@ -358,7 +358,7 @@ def test_every_pruning_field_reaches_the_pruner(embedded64, tmp_path):
                   uniform_mix=0.5)
     trainer = two_prompt_trainer(DPPOTrainer, DPPOConfig, model, tok, tmp_path, loss_type="dr_grpo", beta=0.07,
                                  **fields)
-    assert trainer.pruner == DPPO(prompt_rate=0.3, completion_rate=0.4, sampling="fixed_count", prompt_rule="abs_adv",
+    assert trainer.pruner == DPPO(prompt_prune_rate=0.3, completion_prune_rate=0.4, prune_sampling="fixed_count", prompt_candidate_rule="abs_adv",
                                   abs_adv_threshold=0.2, inclusion="uniform", inclusion_floor=0.2, size_proxy="adv",
                                   uniform_mix=0.5, kl_coef=0.07, loss_agg="seq-mean-token-sum-norm")
     trainer = two_prompt_trainer(DPPOTrainer, DPPOConfig, model, tok, tmp_path, completion_prune_rate=0.4,
