@@ -85,7 +85,8 @@ def _program(command: str) -> tuple[str, ...]:
     return ("python", *words[1:3]) if words[1] == "-m" else ("python", words[1])
 
 
-NOT_A_CLI = {("python", "-m", "dppo.readme")}  # rewrites README.md when run; its test is tests/test_readme.py
+NOT_A_CLI = {("python", "-m", "dppo.readme"), ("python", "-m", "dppo.reference")}  # rewrite README.md / docs/reference.md
+# when run; their tests are tests/test_readme.py and tests/test_reference.py
 
 
 @pytest.mark.parametrize("program", sorted({_program(c) for _, c in COMMANDS
