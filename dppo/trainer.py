@@ -246,7 +246,7 @@ class Trainer:
                                      cfg.rollout_token_budget, default_length=cfg.max_new_tokens / 2)
         self.history = PromptHistory()
         self.pruner = build_pruner(cfg)
-        if cfg.scale_rewards == "batch" and (cfg.prompt_prune_rate > 0 or cfg.pruner == "greso"):
+        if cfg.scale_rewards == "batch" and self.pruner.min_prompt_inclusion() < 1:  # a prompt stage that drops prompts
             warnings.warn("scale_rewards='batch' divides by the std of the rolled-out prompts' rewards, which the "
                           "prompt stage changes: the estimator is then not exactly unbiased (docs/method.md §2.8)",
                           stacklevel=2)
