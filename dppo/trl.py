@@ -28,6 +28,7 @@ import math
 import os
 import warnings
 from collections import defaultdict, deque
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -39,7 +40,7 @@ from trl.trainer.utils import nanmax, nanmin, nanstd
 
 from dppo import packing, pruning
 from dppo.composition import exact_count_stretch
-from dppo.config import ConfigError, TrainConfig, _check, check_pruning_fields
+from dppo.config import PRUNER_FIELDS, ConfigError, TrainConfig, _check, check_pruning_fields
 from dppo.history import PromptHistory
 from dppo.losses import AGGREGATIONS
 
@@ -64,36 +65,32 @@ COMPLETION_KEYS = ("completion_ids", "completion_mask", "old_per_token_logps", "
                    "sampling_per_token_logps", "importance_sampling_ratio", "tool_mask")
 
 
-def _as_train_config(name: str):
-    """The TrainConfig field `name`: the same default and help text."""
-    f = TrainConfig.__dataclass_fields__[name]
-    return field(default=f.default, metadata=dict(f.metadata))
+_TYPES = {"float": float, "int": int, "bool": bool, "str": str}  # TrainConfig's annotations are strings
+
+
+def dppo_fields(config: type = TrainConfig) -> list[tuple[str, type, dataclasses.Field]]:
+    """(name, type, field) of every field `config` declares with trl=True (dppo.config._f): DPPOConfig's own fields,
+    with TrainConfig's names, defaults, help and allowed values (the metadata HfArgumentParser hands to argparse)."""
+    return [(f.name, _TYPES.get(f.type, f.type),
+             field(default=f.default, metadata={k: v for k, v in f.metadata.items() if k in ("help", "choices")}))
+            for f in dataclasses.fields(config) if f.metadata.get("trl")]
 
 
 @dataclass
-class DPPOConfig(GRPOConfig):
-    """GRPOConfig plus DPPO's pruning fields (the names, defaults and help of dppo's TrainConfig)."""
-    prompt_prune_rate: float = _as_train_config("prompt_prune_rate")
-    completion_prune_rate: float = _as_train_config("completion_prune_rate")
-    prune_sampling: str = _as_train_config("prune_sampling")
-    loss_normaliser: str = _as_train_config("loss_normaliser")
-    prompt_candidate_rule: str = _as_train_config("prompt_candidate_rule")
-    abs_adv_threshold: float = _as_train_config("abs_adv_threshold")
-    inclusion: str = _as_train_config("inclusion")
-    inclusion_floor: float = _as_train_config("inclusion_floor")
-    size_proxy: str = _as_train_config("size_proxy")
-    uniform_mix: float = _as_train_config("uniform_mix")
+class DPPOConfig(GRPOConfig, dataclasses.make_dataclass("DPPOFields", dppo_fields())):
+    """GRPOConfig plus DPPO's pruning fields: those TrainConfig declares with trl=True (`config.TRL_FIELDS`: the
+    names, defaults, help and allowed values of dppo's TrainConfig; docs/reference.md), and pack_sequences."""
     pack_sequences: bool = field(default=True, metadata={"help": (
         "When pruning: score the rows of the old-policy, reference and training passes packed densely, position ids "
         "restarting per sequence (sdpa / eager: best-fit rows of <= pack_capacity tokens; flash-attn: one row), "
         "not padded to the widest; the same log-probs (docs/trl.md)")})
-    pack_capacity: int = _as_train_config("pack_capacity")
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("prune_sampling", "loss_normaliser", "prompt_candidate_rule", "inclusion", "size_proxy"):
-            choices = DPPOConfig.__dataclass_fields__[name].metadata["choices"]
-            _check(getattr(self, name) in choices, name, f"one of {list(choices)}", getattr(self, name))
+        for name, _, declared in dppo_fields():
+            choices = declared.metadata.get("choices")
+            _check(choices is None or getattr(self, name) in choices, name, f"one of {list(choices or ())}",
+                   getattr(self, name))
         _check(self.pack_capacity >= 1, "pack_capacity", "a positive number of tokens", self.pack_capacity)
         check_pruning_fields(self)
         if self.pruning:
@@ -439,7 +436,7 @@ class DPPOTrainer(GRPOTrainer):
         a = self.args
         # DPPOConfig names DPPO's settings as TrainConfig does; kl_coef is TRL's beta, the aggregation its loss_type's
         # (only read when pruning, which DPPOConfig allows for LOSS_AGG's loss types only)
-        settings = {mine: getattr(a, name) for name, mine in pruning.DPPO.config_fields.items()}
+        settings = {name: getattr(a, name) for name in PRUNER_FIELDS["dppo"]}
         self.pruner = pruning.DPPO(**settings, kl_coef=self.beta,
                                    loss_agg=LOSS_AGG[self.loss_type] if self.pruning else "token-mean")
         self.prompt_history = PromptHistory()

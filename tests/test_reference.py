@@ -53,9 +53,15 @@ def test_a_field_declared_once_reaches_the_checks_the_pruner_trl_and_the_docs():
     assert "- `prompt_keep_floor` (str; default `'off'`; one of `'off'`, `'on'`; also in DPPOConfig): A new pruning " \
            "setting." in reference.fields_markdown(_Config)
     trl = pytest.importorskip("dppo.trl")
-    fields = {f.name: f for f in trl.dppo_fields(_Config)}
-    assert fields["prompt_keep_floor"].default == "off"
-    assert fields["prompt_keep_floor"].metadata["choices"] == ("off", "on")
+    fields = {name: f for name, _, f in trl.dppo_fields(_Config)}
+    assert fields["prompt_keep_floor"].default == "off" and fields["prompt_keep_floor"].metadata == {
+        "help": "A new pruning setting.", "choices": ("off", "on")}
+    assert {name for name, _, _ in trl.dppo_fields()} == set(declared(trl=True))
+    declared_in_trl = {f.name: f for f in dataclasses.fields(trl.DPPOConfig)}
+    for f in dataclasses.fields(TrainConfig):
+        if f.metadata["trl"]:
+            assert (declared_in_trl[f.name].default, declared_in_trl[f.name].metadata["help"]) == \
+                (f.default, f.metadata["help"])
 
 
 def test_the_declarations_are_what_the_package_reads():
