@@ -30,6 +30,7 @@ import warnings
 from collections import defaultdict, deque
 import dataclasses
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import torch
 import trl
@@ -50,6 +51,102 @@ if not Version(TESTED_TRL[0]) <= Version(Version(trl.__version__).base_version) 
     raise ImportError(f"dppo.trl is tested with TRL >= {TESTED_TRL[0]}, < {TESTED_TRL[1]} (it overrides private "
                       f"methods), found {trl.__version__}: pip install 'trl>={TESTED_TRL[0]},<{TESTED_TRL[1]}' (or "
                       f"set DPPO_TRL_UNTESTED=1 to try it)")
+
+# ------------------------------------------------------------------ TRL's internals, borrowed
+# What DPPOTrainer borrows from TESTED_TRL's private GRPOTrainer code beyond the methods it overrides (OVERRIDDEN): a
+# tuple read by its TRL names, and four slots that carry dppo's values through TRL's step into its loss. Every use
+# goes through this section, so a TRL release that changes one is fixed here (docs/trl.md; tests/test_trl.py checks
+# them against the installed TRL). Private attributes read as TRL means them: _metrics, _step, _buffered_inputs,
+# _tokenizer, _signature_columns, _train_batch_size.
+
+
+class TRLGeneration(NamedTuple):
+    """GRPOTrainer._generate's return, this process's rows: a bare 8-tuple in TRL 1.16, named as TRL names it."""
+    prompt_ids: list  # [n] token ids
+    completion_ids: list  # [n] token ids
+    tool_mask: list | None  # [n] 1 for the model's tokens, 0 for tool results; None without tools
+    completions: list  # [n] decoded
+    logprobs: list | None  # [n] the sampled tokens' log-probs (vLLM only)
+    extra_fields: dict  # rollout_func's extra fields
+    images: list | None
+    tool_images: list | None
+
+
+def trl_generation(result: tuple) -> TRLGeneration:
+    """`_generate`'s tuple read by TRL's field names; a tuple of another length (another TRL) is a one-line error."""
+    if len(result) != len(TRLGeneration._fields):
+        raise RuntimeError(f"DPPOTrainer: TRL {trl.__version__}'s GRPOTrainer._generate returned {len(result)} values, "
+                           f"TRL {TESTED_TRL[0]}'s {len(TRLGeneration._fields)} ({', '.join(TRLGeneration._fields)})")
+    return TRLGeneration(*result)
+
+
+# dppo's values of a generation batch ride in TRL's output dict, which TRL 1.16 buffers, shuffles and splits into
+# micro-batches (trl.trainer.utils shuffle_sequence_dict, split_tensor_dict): a [n] tensor travels with its rows, a
+# 0-d one is copied into every micro-batch
+ROW_WEIGHT = "dppo_weight"  # w_r [n]; its presence marks a pruned batch
+CARRIED_KEYS = (ROW_WEIGHT, "dppo_seq_scale", "dppo_num_items")  # ... and `normaliser_factors`' two
+
+
+def carry_in_batch(output: dict, weight: torch.Tensor, seq_scale: float, num_items: float) -> None:
+    """Puts each local row's weight [n] and the batch's normaliser factors (`normaliser_factors`) in TRL's output."""
+    scalar = functools.partial(torch.tensor, dtype=torch.float64, device=weight.device)
+    output.update(zip(CARRIED_KEYS, (weight, scalar(seq_scale), scalar(num_items))))
+
+
+def take_from_batch(inputs: dict) -> tuple[dict, torch.Tensor, float, float]:
+    """A micro-batch without dppo's carried values, and those values: (inputs, weight [n], seq_scale, num_items)."""
+    rest = {k: v for k, v in inputs.items() if k not in CARRIED_KEYS}
+    weight, seq_scale, num_items = (inputs[k] for k in CARRIED_KEYS)
+    return rest, weight, float(seq_scale), float(num_items)
+
+
+# TRL 1.16's _compute_loss multiplies tool_mask into its loss mask and uses it nowhere else: the slot that carries each
+# row's coefficient into TRL's per-token sum (and into its logged metrics, which read the mask)
+WEIGHT_SLOT = "tool_mask"
+
+
+def trl_loss_mask(inputs: dict) -> torch.Tensor:
+    """TRL's loss mask of a batch [n, T]: completion_mask x tool_mask where there is one (tool results left out)."""
+    mask = inputs["completion_mask"]
+    return mask if WEIGHT_SLOT not in inputs else mask * inputs[WEIGHT_SLOT]
+
+
+def put_row_scale(inputs: dict, scale: torch.Tensor, dtype: torch.dtype) -> None:
+    """Multiplies each row's entries of TRL's loss mask by scale [n] (in `dtype`), through WEIGHT_SLOT."""
+    base = inputs[WEIGHT_SLOT] if WEIGHT_SLOT in inputs else torch.ones_like(inputs["completion_mask"])
+    inputs[WEIGHT_SLOT] = base.to(dtype) * scale.to(dtype)[:, None]
+
+
+def dapo_slot_scale(coef: torch.Tensor, tokens: torch.Tensor, processes: int, steps_per_generation: int,
+                    grad_accum: int) -> float:
+    """s, the factor the rows' coefficients c_r [n] ride the slot with and the dapo divisor TRL is then given: the
+    smallest that keeps TRL 1.16's clamps idle, every live row's weighted mask sum c_r s |o_r| >= 1 (the sequence-level
+    importance ratio divides by mask.sum(-1).clamp(min=1)) and num_items_in_batch >= 1 (the dapo branch clamps it)."""
+    live = (coef > 0) & (tokens > 0)
+    smallest_row = 1.0 / float((coef[live] * tokens[live]).min()) if bool(live.any()) else 1.0
+    return max(smallest_row, grad_accum / (processes * steps_per_generation))
+
+
+def set_dapo_divisor(inputs: dict, divisor: float, processes: int, steps_per_generation: int, grad_accum: int,
+                     dtype: torch.dtype) -> None:
+    """Sets the micro-batch's num_items_in_batch (TRL's loss-token count of the whole generation batch) so that TRL's
+    dapo branch divides its masked loss sum by `divisor`: TRL 1.16 divides by num_items / P x GA / spg in training,
+    so num_items = divisor P spg / GA."""
+    inputs["num_items_in_batch"] = torch.tensor(divisor * processes * steps_per_generation / grad_accum, dtype=dtype,
+                                                device=inputs["completion_mask"].device)
+
+
+@contextlib.contextmanager
+def aggregated_by_dapo(trainer: GRPOTrainer):
+    """trainer.loss_type is "dapo" inside, the user's again after, even if the loss raises. grpo, bnpo, dr_grpo, luspo
+    and dapo share TRL 1.16's per-token loss and differ only in how `_compute_loss` aggregates it, by branching on
+    self.loss_type; the weighted rows need the dapo branch's aggregation (a sum over a given divisor)."""
+    own, trainer.loss_type = trainer.loss_type, "dapo"
+    try:
+        yield
+    finally:
+        trainer.loss_type = own
+
 
 # TRL loss_type -> dppo's aggregation (docs/method.md §2.2); pruning supports these five. luspo (a row's token sum,
 # averaged over the micro-batch's rows) is dr_grpo's with L_max = 1: the same normaliser, counting completions
@@ -151,6 +248,15 @@ def trl_row_coefficients(loss_type: str, row_tokens: torch.Tensor, grad_accum: i
         return torch.full((n,), n_processes * steps_per_generation / (max(num_items, 1.0) * grad_accum),
                           dtype=torch.float64)
     raise ValueError(f"loss_type must be one of {list(LOSS_AGG)} when pruning, got {loss_type!r}")
+
+
+def normaliser_factors(agg: str, z: float, rolled_rows: int) -> tuple[float, float]:
+    """How the step's normaliser Z enters TRL's loss, as (sequence scale, token count). Counting completions, TRL
+    divides by the rolled rows B G and dppo by Z (|S| G, or B G when fixed), so each row is scaled by B G / Z; counting
+    tokens, Z replaces TRL's token count (num_items_in_batch), and the token count is unused otherwise (0)."""
+    if AGGREGATIONS[agg].counts_tokens:
+        return 1.0, z
+    return rolled_rows / z, 0.0
 
 
 def trl_advantages(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor, group_size: int,
@@ -389,12 +495,12 @@ OVERRIDDEN: dict[str, tuple[tuple[str, ...], str]] = {
         "a padding batch reuses the last generation batch, every row at weight 0"),
     "_generate_and_score_completions": (
         ("inputs",),
-        "hands the sampler's composition to _generate; each kept row's weight attached to TRL's output "
-        "(_attach_weights)"),
+        "hands the sampler's composition to _generate; then each kept row's weight and the step's normaliser carried "
+        "in TRL's output, the batch recorded in the history (_complete_generation_batch)"),
     "_generate": (
         ("prompts",),
         "the completion stage, right after generation and before the log-prob passes: rewards and full-group "
-        "advantages computed there (TRL's private 8-tuple read by position)"),
+        "advantages computed there (TRL's private 8-tuple read by its names: TRLGeneration)"),
     "_calculate_rewards": (
         ("inputs", "prompts", "completions", "completion_ids_list"),
         "the rewards _generate already computed"),
@@ -405,8 +511,8 @@ OVERRIDDEN: dict[str, tuple[tuple[str, ...], str]] = {
         "the old-policy, reference and update passes score kept rows only, packed (pack_sequences)"),
     "_compute_loss": (
         ("model", "inputs"),
-        "TRL's per-token loss, each kept row's scaled by c_r (carried in tool_mask, aggregated by the dapo branch "
-        "with a num_items_in_batch set to match)"),
+        "TRL's per-token loss, each kept row's scaled by c_r (in WEIGHT_SLOT, tool_mask; aggregated by the dapo "
+        "branch, aggregated_by_dapo, over a num_items_in_batch set to match, set_dapo_divisor)"),
     "_save_checkpoint": (
         ("model", "trial"),
         "dppo_state.json (history, pruner, sampler position) inside TRL's checkpoint"),
@@ -519,7 +625,7 @@ class DPPOTrainer(GRPOTrainer):
     def _prepare_inputs(self, generation_batch):
         if self.pruning and self.model.training and is_padding(generation_batch):
             last = self._buffered_inputs[0]
-            return {**last, "dppo_weight": torch.zeros_like(last["dppo_weight"])}
+            return {**last, ROW_WEIGHT: torch.zeros_like(last[ROW_WEIGHT])}
         return super()._prepare_inputs(generation_batch)
 
     # ---- completion stage: rewards before the log-prob passes
@@ -537,7 +643,7 @@ class DPPOTrainer(GRPOTrainer):
         self._generation = _Generation(inputs, self._sampler.take(batch_nos.pop()), indices)  # see the user's columns
         try:
             output = super()._generate_and_score_completions(inputs)
-            return self._attach_weights(output, self._generation)
+            return self._complete_generation_batch(output, self._generation)
         finally:
             self._generation = None
 
@@ -546,14 +652,15 @@ class DPPOTrainer(GRPOTrainer):
         gen = self._generation
         if gen is None or not self.model.training:
             return result
-        _, completion_ids, tool_mask, completions, logprobs, extra_fields, _, _ = result
+        generated = trl_generation(result)
+        completion_ids = generated.completion_ids
         for i, row in enumerate(gen.inputs):  # as GRPOTrainer merges rollout_func's extra fields before rewards
-            for key, values in extra_fields.items():
+            for key, values in generated.extra_fields.items():
                 if not isinstance(values, list):
                     row[key] = values
                 elif i < len(values):
                     row[key] = values[i]
-        gen.rewards_per_func = super()._calculate_rewards(gen.inputs, prompts, completions, completion_ids)
+        gen.rewards_per_func = super()._calculate_rewards(gen.inputs, prompts, generated.completions, completion_ids)
         G = self.num_generations
         rewards, adv = trl_advantages(gen.rewards_per_func, self.reward_weights, G, self.scale_rewards,
                                       self.args.multi_objective_aggregation)  # full groups, before any pruning
@@ -562,17 +669,15 @@ class DPPOTrainer(GRPOTrainer):
         rewards = rewards.double().cpu()
         gen.rewards = torch.where(rewards.isnan(), rewards.nanmean(dim=1, keepdim=True), rewards).nan_to_num()
         adv = adv.double().cpu()
-        gen.lengths = self.accelerator.gather(self._loss_tokens(completion_ids, tool_mask)).cpu().view(-1, G)
+        gen.lengths = self.accelerator.gather(self._loss_tokens(completion_ids, generated.tool_mask)).cpu().view(-1, G)
         logit_grad = None  # the proportional rule's logit proxies (docs/method.md §2.10): vLLM's sampled log-probs
         if self.pruner.inclusion == "proportional" and self.pruner.size_proxy in pruning.NEEDS_LOGPROBS:
             local = pruning.logit_grad_sizes([torch.tensor([0.0 if x is None else x for x in lp], dtype=torch.float64)
-                                              for lp in logprobs], 1).view(-1, 2)
+                                              for lp in generated.logprobs], 1).view(-1, 2)
             logit_grad = self.accelerator.gather(local.to(self.accelerator.device)).cpu().view(-1, G, 2)
         gen.completion = self.pruner.select_completions(gen.rewards, adv, mask_generator(self.args.seed,
                                                         gen.comp.batch_no, 1), gen.lengths, logit_grad)
-        n = len(prompts)
-        start = self.accelerator.process_index * n
-        gen.local_keep = gen.completion.keep.reshape(-1)[start:start + n].to(self.accelerator.device)
+        gen.local_keep = self._local_rows(gen.completion.keep, len(prompts)).to(self.accelerator.device)
         return result
 
     def _loss_tokens(self, completion_ids: list, tool_mask: list | None) -> torch.Tensor:
@@ -675,63 +780,100 @@ class DPPOTrainer(GRPOTrainer):
             torch.distributed.all_reduce(calls, op=torch.distributed.ReduceOp.MAX)
         return int(calls)
 
-    # ---- weights, normaliser and history
-    def _attach_weights(self, output: dict, gen: _Generation) -> dict:
-        comp, sel, G = gen.comp, gen.completion, self.num_generations
-        B = len(comp.rolled)
-        device = output["advantages"].device
-        # [B, G] 1/(pi_q pi_o) where kept, 0 where pruned (pi_o = 0 is an exact zero of the proportional rule)
-        weight = torch.where(sel.keep, pruning.importance_weights(comp.pi[comp.keep], sel.pi), 0.0)
+    # ---- after TRL's scoring: weights and normaliser to the loss, the batch to the history
+    def _complete_generation_batch(self, output: dict, gen: _Generation) -> dict:
+        """After TRL scored a pruned generation batch: its advantages and group order checked against the completion
+        stage's, each local row's weight w_r and the step's normaliser Z carried to the loss, TRL's sampling-ratio
+        metrics recounted over the kept rows, the batch recorded (history, pruner, resume position) and logged."""
+        self._check_trl_advantages(output, gen)
+        self._check_group_order(gen)
+        weight = self._row_weights(gen)
+        z = self._loss_normaliser(gen)
+        local_weight = self._local_rows(weight, output["advantages"].numel()).to(output["advantages"].device)
+        carry_in_batch(output, local_weight, *normaliser_factors(LOSS_AGG[self.loss_type], z, weight.numel()))
+        if "importance_sampling_ratio" in output:
+            self._kept_sampling_ratio_metrics(output, gen.local_keep)
+        self._remember_state_before(gen.comp)
+        self._record_history(gen)
+        self._update_pruner(gen)
+        self._advance_position(gen.comp)
+        self._log_pruning(gen, weight, z)
+        return output
+
+    def _check_trl_advantages(self, output: dict, gen: _Generation) -> None:
+        """Raises unless TRL's advantages of the batch (gathered) are the completion stage's, bit for bit."""
         trl_adv = self.accelerator.gather(output["advantages"])
         if not torch.equal(trl_adv, gen.advantages.to(trl_adv.device)):
             raise RuntimeError(f"DPPOTrainer: TRL {trl.__version__} computed other advantages than dppo.trl."
                                f"trl_advantages (the completion stage's); tested with TRL {TESTED_TRL[0]}.x")
-        n = output["advantages"].numel()
-        start = self.accelerator.process_index * n
-        output["dppo_weight"] = weight.reshape(-1)[start:start + n].to(device)
-        if "importance_sampling_ratio" in output:
-            self._kept_sampling_ratio_metrics(output, gen.local_keep)
-        agg = LOSS_AGG[self.loss_type]
-        z = pruning.unbiased_normaliser(agg, comp.pi, comp.keep, gen.lengths.double(), comp.est_lengths,
-                                        self.args.loss_normaliser, prompts_per_step=B)
-        # Z counting completions: TRL divides by the rolled rows B G, dppo by Z (|S| G, or B G when fixed), so the
-        # rows are scaled by B G / Z; counting tokens: Z replaces TRL's token count (num_items_in_batch)
-        tokens = AGGREGATIONS[agg].counts_tokens
-        output["dppo_seq_scale"] = torch.tensor(1.0 if tokens else B * G / z, dtype=torch.float64, device=device)
-        output["dppo_num_items"] = torch.tensor(z if tokens else 0.0, dtype=torch.float64, device=device)
-        # history: every rolled-out group, in the sampler's order (checked against the rows' own indices)
-        indices = self.accelerator.gather(torch.tensor(gen.indices, device=device))
-        if indices.view(-1, G)[:, 0].tolist() != comp.rolled:
+
+    def _check_group_order(self, gen: _Generation) -> None:
+        """Raises unless the batch's groups (every process's rows, gathered) are the sampler's prompts in order."""
+        indices = self.accelerator.gather(torch.tensor(gen.indices, device=self.accelerator.device))
+        if indices.view(-1, self.num_generations)[:, 0].tolist() != gen.comp.rolled:
             raise RuntimeError("DPPOTrainer: the generation batch's groups are not the sampler's prompts in order")
-        adv, rewards = trl_adv.double().cpu().view(-1, G), gen.rewards
+
+    @staticmethod
+    def _row_weights(gen: _Generation) -> torch.Tensor:
+        """[B, G] w_r = 1/(pi_q pi_o) where kept, 0 where pruned (pi_o = 0: an exact zero of the proportional rule)."""
+        comp, sel = gen.comp, gen.completion
+        return torch.where(sel.keep, pruning.importance_weights(comp.pi[comp.keep], sel.pi), 0.0)
+
+    def _local_rows(self, gathered: torch.Tensor, n: int) -> torch.Tensor:
+        """This process's n rows of a tensor over every process's rows (in process order)."""
+        start = self.accelerator.process_index * n
+        return gathered.reshape(-1)[start:start + n]
+
+    def _loss_normaliser(self, gen: _Generation) -> float:
+        """Z, the unbiased normaliser of the step's loss (docs/method.md §2.6): rows or tokens of the covered batch
+        (`loss_normaliser` covered) or of the rolled-out one (fixed)."""
+        comp = gen.comp
+        return pruning.unbiased_normaliser(LOSS_AGG[self.loss_type], comp.pi, comp.keep, gen.lengths.double(),
+                                           comp.est_lengths, self.args.loss_normaliser,
+                                           prompts_per_step=len(comp.rolled))
+
+    def _remember_state_before(self, comp: Composition) -> None:
+        """The rolled prompts' history records and the pruner's state before this batch updates them: what a checkpoint
+        in the middle of the batch saves (`_save_checkpoint`)."""
         self._before_generation = ({k: copy.copy(self.prompt_history.get(k)) for k in comp.rolled},
                                    self.pruner.state_dict())
-        for j, key in enumerate(comp.rolled):
-            self.prompt_history.update(key, rewards[j].tolist(), adv[j].abs().tolist(), gen.lengths[j].tolist(),
-                                       step=comp.batch_no)
+
+    def _record_history(self, gen: _Generation) -> None:
+        """Every rolled-out group's rewards, |A| and loss tokens into the prompt history, in the sampler's order."""
+        adv = gen.advantages.double().cpu().view(-1, self.num_generations)
+        for j, key in enumerate(gen.comp.rolled):
+            self.prompt_history.update(key, gen.rewards[j].tolist(), adv[j].abs().tolist(), gen.lengths[j].tolist(),
+                                       step=gen.comp.batch_no)
+
+    def _update_pruner(self, gen: _Generation) -> None:
+        """The pruner's step update with TRL's last logged KL (its estimate of the KL term), when beta > 0."""
         if self.beta != 0.0 and self._metrics["train"].get("kl"):
-            self.pruner.after_step(rewards, 0, {"kl": self._metrics["train"]["kl"][-1]})
+            self.pruner.after_step(gen.rewards, 0, {"kl": self._metrics["train"]["kl"][-1]})
+
+    def _advance_position(self, comp: Composition) -> None:
+        """Where a checkpoint resumes the sampler: past this batch once it is trained, at its start while it is not."""
         self._trained = (comp.pass_no, comp.end, comp.batch_no + 1)
         self._generation_start = (comp.pass_no, comp.start, comp.batch_no)
-        kept_rows = int(sel.keep.sum())
+
+    def _log_pruning(self, gen: _Generation, weight: torch.Tensor, z: float) -> None:
+        """The batch's dppo/* metrics and its `pruning_log` entry (covered prompts, masks, probabilities, Z)."""
+        comp, sel = gen.comp, gen.completion
         metrics = self._metrics["train"]
         metrics["dppo/prompts_covered"].append(len(comp.covered))
-        metrics["dppo/prompts_pruned"].append(len(comp.covered) - B)
-        metrics["dppo/completions_kept_frac"].append(kept_rows / sel.keep.numel())
+        metrics["dppo/prompts_pruned"].append(len(comp.covered) - len(comp.rolled))
+        metrics["dppo/completions_kept_frac"].append(int(sel.keep.sum()) / sel.keep.numel())
         metrics["dppo/weight_max"].append(float(weight.max()))
         self.pruning_log.append({"batch": comp.batch_no, "pass": comp.pass_no, "covered": comp.covered,
                                  "prompt_keep": comp.keep.tolist(), "prompt_pi": comp.pi.tolist(),
                                  "completion_keep": sel.keep.tolist(), "completion_pi": sel.pi.tolist(),
                                  "normaliser": z})
-        return output
 
     def _kept_sampling_ratio_metrics(self, output: dict, keep: torch.Tensor) -> None:
         """TRL's logged sampling/importance_sampling_ratio/{min,mean,max} of this generation batch recomputed over the
         kept rows (keep [n] bool): TRL's count every pruned row at exactly 1 (its old-policy log-probs were never
         computed). Reduced across processes as TRL does (min of minima, mean of means, max of maxima)."""
         ratio = output["importance_sampling_ratio"]  # [n, T] per token, [n, 1] per sequence
-        tools = output.get("tool_mask")
-        mask = output["completion_mask"] if tools is None else output["completion_mask"] * tools
+        mask = trl_loss_mask(output)
         if self.vllm_importance_sampling_mode in ("sequence_mask", "sequence_truncate"):
             kept = ratio[keep].flatten()
         else:
@@ -744,34 +886,34 @@ class DPPOTrainer(GRPOTrainer):
 
     # ---- the update: TRL's loss with each kept row's per-token loss weighted
     def _compute_loss(self, model, inputs):
-        if "dppo_weight" not in inputs:
+        if ROW_WEIGHT not in inputs:
             return super()._compute_loss(model, inputs)
-        inputs = dict(inputs)
-        weight = inputs.pop("dppo_weight")
-        seq_scale, num_items = float(inputs.pop("dppo_seq_scale")), float(inputs.pop("dppo_num_items"))
-        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
-        tokens = mask.sum(-1)
-        GA, P, spg = self.current_gradient_accumulation_steps, self.accelerator.num_processes, self.args.steps_per_generation
-        coef = trl_row_coefficients(self.loss_type, tokens.cpu(), GA, P, spg, self.max_completion_length, num_items)
-        coef = coef.to(weight.device) * weight.double() * seq_scale  # c_r = a_r w_r, 0 for pruned rows
+        inputs, weight, seq_scale, num_items = take_from_batch(inputs)
+        tokens = trl_loss_mask(inputs).sum(-1)
+        coef = self._row_coefficients(tokens, num_items).to(weight.device) * weight.double() * seq_scale  # a_r w_r
         rows = self._rows_in_step(weight > 0)
-        sub = _select_rows(inputs, rows, weight.numel())
-        for k in ("old_per_token_logps", "ref_per_token_logps"):  # padding rows were never scored (NaN): zeros
-            if sub.get(k) is not None:  # keep their zero-weight loss finite
-                sub[k] = torch.nan_to_num(sub[k], nan=0.0)
-        c, tok = coef[rows], tokens[rows].double()
-        live = (c > 0) & (tok > 0)
-        # TRL's dapo branch: loss = sum_{r,t} l m / (num_items / P * GA / spg). Carry c_r in the mask, scaled by s so
-        # that every live row's mask sums to >= 1 (GSPO's sequence ratio clamps that sum at 1), and set num_items so
-        # that the divisor is s.
-        s = max(1.0 / float((c[live] * tok[live]).min()) if bool(live.any()) else 1.0, GA / (P * spg))
-        dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
-        base = sub["tool_mask"] if "tool_mask" in sub else torch.ones_like(sub["completion_mask"])
-        sub["tool_mask"] = base.to(dtype) * (c * s).to(dtype)[:, None]
-        sub["num_items_in_batch"] = torch.tensor(s * P * spg / GA, dtype=dtype, device=weight.device)
+        sub = _zero_unscored_logps(_select_rows(inputs, rows, weight.numel()))
+        self._weigh_rows(sub, coef[rows], tokens[rows].double(), next(model.parameters()).dtype)
         self.scored_rows["update"] += int((weight > 0).sum())
-        with self._aggregated_as("dapo"):
+        with aggregated_by_dapo(self):
             return super()._compute_loss(model, sub)
+
+    def _row_coefficients(self, tokens: torch.Tensor, num_items: float) -> torch.Tensor:
+        """a_r [n] float64 of the micro-batch's rows (tokens [n]: each row's loss tokens) in TRL's loss of the unpruned
+        batch, for the user's loss_type (`trl_row_coefficients`)."""
+        return trl_row_coefficients(self.loss_type, tokens.cpu(), self.current_gradient_accumulation_steps,
+                                    self.accelerator.num_processes, self.args.steps_per_generation,
+                                    self.max_completion_length, num_items)
+
+    def _weigh_rows(self, sub: dict, coef: torch.Tensor, tokens: torch.Tensor, model_dtype: torch.dtype) -> None:
+        """Sets the micro-batch up so that TRL's dapo branch computes sum_r c_r sum_t l m (coef [n]: c_r; tokens [n]:
+        each row's loss tokens): c_r s rides in the loss mask, and the dapo divisor is set to s (`dapo_slot_scale`)."""
+        P, spg = self.accelerator.num_processes, self.args.steps_per_generation
+        GA = self.current_gradient_accumulation_steps
+        s = dapo_slot_scale(coef, tokens, P, spg, GA)
+        dtype = torch.float64 if model_dtype == torch.float64 else torch.float32
+        put_row_scale(sub, coef * s, dtype)
+        set_dapo_divisor(sub, s, P, spg, GA, dtype)
 
     def _rows_in_step(self, keep: torch.Tensor) -> torch.Tensor:
         """The kept rows of this process's batch, padded with pruned (zero-weight) rows to the largest kept count of
@@ -782,16 +924,6 @@ class DPPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes > 1:
             torch.distributed.all_reduce(target, op=torch.distributed.ReduceOp.MAX)
         return torch.cat([rows, (~keep).nonzero().flatten()[:int(target) - rows.numel()]])
-
-    @contextlib.contextmanager
-    def _aggregated_as(self, loss_type: str):
-        """grpo, bnpo, dr_grpo, luspo and dapo share TRL's per-token loss and differ only in how it is aggregated; the
-        weighted rows are aggregated by the dapo branch (a sum over a given divisor)."""
-        own, self.loss_type = self.loss_type, loss_type
-        try:
-            yield
-        finally:
-            self.loss_type = own
 
     # ---- checkpoints: the history and the sampler's position travel with TRL's
     def _save_checkpoint(self, model, trial):
@@ -837,6 +969,15 @@ def _completion_width(completion_mask: torch.Tensor) -> int:
     (causal attention); the left-padded prompts keep TRL's width, so every token keeps TRL's position."""
     used = completion_mask.any(0).nonzero()
     return int(used[-1]) + 1 if used.numel() else 1
+
+
+def _zero_unscored_logps(inputs: dict) -> dict:
+    """The micro-batch with NaN old-policy and reference log-probs as 0: the pruned rows that pad a process to the
+    others' row count were never scored, and their zero-weight loss must stay finite."""
+    for k in ("old_per_token_logps", "ref_per_token_logps"):
+        if inputs.get(k) is not None:
+            inputs[k] = torch.nan_to_num(inputs[k], nan=0.0)
+    return inputs
 
 
 def _select_rows(inputs: dict, rows: torch.Tensor, n: int) -> dict:

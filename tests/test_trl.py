@@ -494,3 +494,83 @@ def test_every_trl_method_dppotrainer_overrides_is_listed_with_trls_parameters()
         anything = any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in ours.values())
         assert anything or set(theirs) <= set(ours), (name, tuple(ours))
         assert f"`{name}`" in page and why, name
+
+
+def test_trls_generate_tuple_is_read_by_its_names(embedded64, tmp_path):
+    """TRLGeneration names GRPOTrainer._generate's private 8-tuple as the installed TRL's `return` statement does, and
+    a real call through the rig reads back the rows' own prompt ids, completion ids and sampling log-probs by those
+    names. A tuple of another length (another TRL) is a one-line error naming TRL's fields."""
+    import ast
+    import inspect
+    import textwrap
+
+    from dppo.trl import TRLGeneration, trl_generation
+    from tests.trl_rig import LOGPROBS
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(GRPOTrainer._generate)))
+    returned = [node.value for node in ast.walk(tree) if isinstance(node, ast.Return)]
+    assert len(returned) == 1 and isinstance(returned[0], ast.Tuple)
+    assert tuple(ast.unparse(x) for x in returned[0].elts) == TRLGeneration._fields
+    model, tok = embedded64
+    data = Dataset.from_list([{"prompt": p} for p in PROMPTS[:2]])
+    trainer = make_trainer(GRPOTrainer, GRPOConfig, model, tok, data, tmp_path, 2 * G // SPG, logprobs=True)
+    generated = trl_generation(trainer._generate([PROMPTS[k] for k in (0, 1) for _ in range(G)]))
+    completions = [c for k in (0, 1) for c in COMPLETIONS[k][0]]
+    assert generated.prompt_ids == [tok(PROMPTS[k])["input_ids"] for k in (0, 1) for _ in range(G)]
+    assert generated.completion_ids == completions and generated.tool_mask is None
+    assert generated.logprobs == [LOGPROBS[tuple(c)] for c in completions]
+    with pytest.raises(RuntimeError, match="returned 7 values, TRL 1.16's 8 \\(prompt_ids, completion_ids") as e:
+        trl_generation(tuple(generated)[:7])
+    assert "\n" not in str(e.value)
+
+
+def test_loss_type_is_the_users_again_after_the_loss_even_if_it_raises(embedded64, tmp_path, monkeypatch):
+    """DPPOTrainer._compute_loss runs TRL's loss with loss_type "dapo" (aggregated_by_dapo): TRL's loss sees "dapo",
+    and the user's loss_type is back afterwards, also when TRL's loss raises."""
+    model, tok = embedded64
+    data = Dataset.from_list([{"prompt": p} for p in PROMPTS[:2]])
+    trainer = make_trainer(DPPOTrainer, DPPOConfig, copy.deepcopy(model), tok, data, tmp_path, 2 * G // SPG,
+                           loss_type="grpo", completion_prune_rate=0.5)
+    sampler = trainer._get_train_sampler()
+    sampler.max_passes = 1
+    comp = sampler.compose()
+    sampler.compositions[comp.batch_no] = comp
+    output = trainer._generate_and_score_completions(rows(comp.rolled, comp.batch_no))
+    trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+    seen = []
+
+    def failing_loss(self, model, inputs):
+        seen.append(self.loss_type)
+        raise ValueError("TRL's loss failed")
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", failing_loss)
+    with pytest.raises(ValueError, match="TRL's loss failed"):
+        trainer._compute_loss(trainer.model, output)
+    assert seen == ["dapo"] and trainer.loss_type == "grpo"
+
+
+def test_the_trl_code_the_borrowed_slots_rely_on_is_the_installed_trls():
+    """The slots dppo.trl borrows hold in the installed TRL: GRPOTrainer._compute_loss reads WEIGHT_SLOT only as a
+    factor of its loss mask, its dapo branch (the loss_type aggregated_by_dapo sets) divides by num_items_in_batch
+    / P x GA / spg (set_dapo_divisor's formula), and TRL's buffer carries dppo's values with their rows: a [n] tensor
+    through shuffle_sequence_dict and split_tensor_dict with its rows, a 0-d one into every micro-batch."""
+    import inspect
+
+    from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
+
+    from dppo.trl import WEIGHT_SLOT, carry_in_batch, take_from_batch
+
+    loss = inspect.getsource(GRPOTrainer._compute_loss)
+    slot = f'inputs["{WEIGHT_SLOT}"]'
+    assert f'mask = completion_mask if "{WEIGHT_SLOT}" not in inputs else completion_mask * {slot}' in loss
+    assert loss.count(WEIGHT_SLOT) == 2
+    dapo = loss[loss.index('elif self.loss_type in ["cispo", "dapo", "vespo"]:'):]
+    for line in ('normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes',
+                 "normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation",
+                 "loss = (per_token_loss * mask).sum() / normalizer"):
+        assert line in dapo[:dapo.index("elif", 1)], line
+    output = {"row": torch.arange(6.0)}
+    carry_in_batch(output, torch.arange(6.0) / 10, seq_scale=2.5, num_items=7.0)
+    for micro_batch in split_tensor_dict(shuffle_sequence_dict(output), 3):
+        inputs, weight, seq_scale, num_items = take_from_batch(micro_batch)
+        assert list(inputs) == ["row"] and torch.equal(weight, inputs["row"] / 10)
+        assert (seq_scale, num_items) == (2.5, 7.0)
