@@ -6,10 +6,11 @@ the facts once: its held-out evaluation split ("heldout") is the first `eval_siz
 `train_size`, so the two never share a fact and each seed has its own split.
 
 Why this task for SmolLM2-135M-Instruct (measured on the base model, temperature 0.7, 32 new tokens, chat template,
-"Answer with just the number."): the model often states the right sum in its own words ("7 + 7 = 14", "The answer is
-9") but rarely writes \\boxed{} (1-3% of samples), so the reward reads the last number (`answer_format:
-last_number`); its pass@1 is ~34% on small facts and ~6% on two-digit ones, in between on the mix, so a group of 8
-completions is often mixed (gradient), and some groups are all-wrong or all-right (pruning candidates). The base
+"Answer with just the number."; the rates are in docs/engineering.md §4.6): the model often states the right sum in
+its own words ("7 + 7 = 14", "The answer is 9") but rarely writes \\boxed{}, so the reward reads the last number
+(`answer_format: last_number`); its pass@1 is far higher on small facts than on two-digit ones, in between on the mix,
+so a group of 8 completions is often mixed (gradient), and some groups are all-wrong or all-right (pruning
+candidates). The base
 model's accuracy on each seed's held-out split is the study's step-0 evaluation (figures/T0_real_model.csv).
 
 A base model without a chat turn (Gemma 3 270M) is asked in the form it continues: a prompt template with worked facts

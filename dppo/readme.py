@@ -21,7 +21,7 @@ REAL_END = "<!-- /real-results-table -->"
 # page -> (its block's markers, the figures folder its table is generated from)
 PAGES = {"README.md": (REAL_BEGIN, REAL_END, "figures/real"), "docs/results.md": (BEGIN, END, "figures")}
 # T5's FLOPs speed-up drops by more than this share before a cell with higher rates counts as below one with lower
-# rates: each cell's rollouts are its own (the real T1's DPPO FLOPs speed-up spans 1.75x-1.85x over its 3 seeds)
+# rates: each cell's rollouts are its own (the real T1's DPPO FLOPs speed-up over its seeds: docs/results.md, R1)
 MONOTONE_MARGIN = 0.05
 KEPT_MARGIN = 5.0  # points: a gain interval that holds 0 says "kept" only when it also excludes losses beyond this
 

@@ -186,8 +186,9 @@ T1_RUNS = {
     f"GRPO{SHARED}": (_G, {**T1_SETUP, **_NO_START, **SHARED_LAYOUT}, "main_results/grpo_shared"),
     f"DPPO{SHARED}": (_D, {**T1_SETUP, **_NO_START, **SHARED_LAYOUT}, "main_results/dppo_shared"),
 }
-# T1 at equal compute: DPPO trained on for about GRPO's training time (DPPO is ~2.2x faster at CPU scale: 8 epochs
-# against GRPO's 3), for its accuracy at GRPO's time budget (tables.equal_compute); not in the equal-epoch table.
+# T1 at equal compute: DPPO trained on past GRPO's training time (8 epochs against GRPO's 3; the time it takes:
+# docs/results.md, "T1 in detail"), for its accuracy at GRPO's time budget (tables.equal_compute); not in the
+# equal-epoch table.
 LONG_EPOCHS = 8
 T1_LONG_SUB = "main_results/dppo_long"
 
@@ -350,18 +351,19 @@ def paper_params(study: str) -> dict:
 # F3 on batches of R1's model and task (no training run); F5 on T1's methods trained again with checkpoints.
 REAL_STUDIES = ("main_results", "algorithms", "scale", "ablations", "sensitivity", "gradient_variance", "case_study")
 # Evaluations during training, every n steps, by study (the others: at the start and the end only). T1's feed F2's
-# curves and the time to GRPO's accuracy: every 8 of its 16 steps. One evaluation (512 samples) takes ~34 s here: at
-# R1's every 4, a seed's 21 evaluations took ~10 of its 26 minutes and T1 79. Every 8 keeps the evaluations of steps 8
-# and 16 with their sampling seeds (dppo.trainer.eval_seed) and drops those of steps 4 and 12.
+# curves and the time to GRPO's accuracy: every 8 of its 16 steps. At R1's every 4, evaluations took a large share of
+# a seed's time (docs/results.md, "T1 on the real model"; CHANGELOG.md, History of measurements). Every 8 keeps the
+# evaluations of steps 8 and 16 with their sampling seeds (dppo.trainer.eval_seed) and drops those of steps 4 and 12.
 REAL_EVAL_EVERY = {"main_results": 8}
 # A study's update layout where it is not the configs' (padding-free rows): T3's Gemma prompt is 8 worked facts long,
-# which dense rows would compute for each of a group's 8 completions (a GRPO update took 43-52 s a step, 13 shared).
+# which dense rows would compute for each of a group's 8 completions (the step times: docs/engineering.md §4.6).
 REAL_LAYOUTS = {"scale": SHARED_LAYOUT}
 # What a study's runs keep on disk where it is not R1's (no checkpoint after final/): F5 follows T1's methods over
 # training, so its runs (T1's of seed 0, trained again) keep a checkpoint every 4 of their 16 steps, as weights only
 # once trained (`results.keep_weights_only`: 0.54 GB each, 1.6 GB with the optimizer's state).
 REAL_CHECKPOINTS = {"case_study": {"save_every": 4, "keep_checkpoints": 4, "keep_checkpoints_after_final": True}}
-# A study's seeds (the others: seed 0). T5 keeps one: a second (31 min) would take the profile past its 4 hours.
+# A study's seeds (the others: seed 0). T5 keeps one: a second would take the profile past its 4 hours
+# (docs/results.md, "T4 and T5 on the real model").
 REAL_SEEDS = {"main_results": (0, 1, 2), "algorithms": (0, 1), "scale": (0, 1), "ablations": (0, 1)}
 # A study's own papermill parameters under the real profile: T1 without its shared-prompt rows (R1 has them) and without
 # its longer DPPO run (the time to GRPO's accuracy stands for it).

@@ -55,7 +55,7 @@ class CountSketch:
     matrix K without bias, and every quadratic form c^T K_hat c = ||S (sum_n c_n g_n)||^2 has relative standard
     deviation at most sqrt(2 / k) (docs/method.md §2.7). Memory: k floats a sample, and the buckets (int32) and
     signs (int8) of the P coordinates. Buckets sum in float32 (~P / k terms each: rounding ~1e-6 of a bucket, far
-    below the sketch's own spread), 4x faster than float64 on a CPU."""
+    below the sketch's own spread), several times faster than float64 on a CPU."""
 
     def __init__(self, shapes: list[int], dim: int, seed: int = 0):
         gen = torch.Generator().manual_seed(seed)

@@ -176,7 +176,7 @@ class VLLMRollout:
                                        **({"stop_token_ids": self.stop_ids[1:]} if self.stop_ids[1:] else {}))
         seed = int(torch.randint(0, 2**31 - 1, ()))  # the batch's: one draw from the trainer's stream
         threads = torch.get_num_threads()
-        if not self.cuda:  # vLLM's CPU kernels bind their own threads: one torch thread, 10-20x faster when busy
+        if not self.cuda:  # vLLM's CPU kernels bind their own threads: one torch thread, far faster when busy
             torch.set_num_threads(1)
         try:
             with seeded(seed):
