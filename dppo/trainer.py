@@ -391,14 +391,17 @@ class Trainer:
         # 1. log-probs without gradients: the old policy's (off-policy only; on-policy the ratio is 1 at the
         # update), the reference's (KL), the rollout engine's (truncated importance sampling)
         old_logp = ref_logp = rollout_logp = None
-        if cfg.ppo_epochs * cfg.num_minibatches > 1:
+        scored = cfg.ppo_epochs * cfg.num_minibatches > 1 or self.ref_model is not None
+        plans = [self.micro_batches(share, p_ids, c_ids, groups) for share in shares] if scored else []  # planned once
+        mine, busiest = (plans[self.rank], max(len(x) for x in plans)) if scored else ([], 0)
+        if cfg.ppo_epochs * cfg.num_minibatches > 1:  # every rank as many forwards as the busiest (FSDP's collectives)
             with timer("old_logprob"):
-                old_logp, flops = self.logprobs_no_grad(self.model, p_ids, c_ids, groups, shares)
+                old_logp, flops = self.logprobs_no_grad(self.model, p_ids, c_ids, mine, busiest)
             stats.add_flops("old_logprob", flops)
         if self.ref_model is not None:  # sharded under FSDP: every rank in step; else this rank's rows only
             with timer("ref_logprob"):
-                ref_logp, flops = self.logprobs_no_grad(self.ref_model, p_ids, c_ids, groups,
-                                                        shares if self.fsdp else [shares[self.rank]])
+                ref_logp, flops = self.logprobs_no_grad(self.ref_model, p_ids, c_ids, mine,
+                                                        busiest if self.fsdp else len(mine))
             stats.add_flops("ref_logprob", flops)
         if cfg.rollout_is_correction == "tis":
             rollout_logp = pad_completions([batch.logprobs[r] for r in rows], None, self.accelerator.device)[0]
@@ -549,19 +552,15 @@ class Trainer:
         return torch.autocast(self.accelerator.device.type, dtype=self.compute_dtype,
                               enabled=self.compute_dtype is not None)
 
-    def logprobs_no_grad(self, model, p_ids: list[list[int]], c_ids: list[list[int]], groups: list[int],
-                         shares: list[list[int]] | None = None) -> tuple[torch.Tensor, float]:
-        """(old / reference log-probs [N, Tc_max] of the kept rows (`groups[i]`: the prompt row i answers), this
-        rank's forward FLOPs): in the update's micro-batches, of this rank's share `shares[rank]` when given (other
-        rows stay 0), every rank running as many forwards as the busiest (FSDP's all-gathers are collectives); of
-        every row otherwise."""
-        mine = list(range(len(c_ids))) if shares is None else shares[min(self.rank, len(shares) - 1)]
-        plans = [self.micro_batches(x, p_ids, c_ids, groups) for x in (shares or [mine])]
+    def logprobs_no_grad(self, model, p_ids: list[list[int]], c_ids: list[list[int]], micro: list[MicroBatch],
+                         forwards: int | None = None) -> tuple[torch.Tensor, float]:
+        """(log-probs [N, Tc_max] of the rows the micro-batches `micro` lay out (other rows stay 0), their forward
+        FLOPs): `forwards` forwards in all (default len(micro)), dummies after the real ones, so that every rank runs
+        as many as the busiest where the forwards are collectives (FSDP's all-gathers)."""
         out = torch.zeros((len(c_ids), max(len(c) for c in c_ids)), device=self.accelerator.device)
-        mine_plan = self.micro_batches(mine, p_ids, c_ids, groups)
         flops = 0.0
         with torch.no_grad(), self.autocast():
-            for real_mb, mbatch in pad_to(mine_plan, max(len(x) for x in plans), DUMMY_MICRO_BATCH):
+            for real_mb, mbatch in pad_to(micro, forwards or len(micro), DUMMY_MICRO_BATCH):
                 lp, n_slots = self.score(model, p_ids, c_ids, mbatch)
                 if real_mb:
                     flops += self.forward_flops(mbatch.segment_lengths(p_ids, c_ids), n_slots)

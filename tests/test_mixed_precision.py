@@ -24,7 +24,8 @@ def _trainer(path, **fields) -> Trainer:
 
 def _batch(tr):
     keys = list(range(4))
-    batch, rewards = tr._rollout(keys, Timer())
+    batch, rollouts = tr._rollout(keys, Timer())
+    rewards = rollouts.rewards
     rewards[:, 0], rewards[:, 1] = 1.0, 0.0  # every group informative
     adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)).reshape(-1)
     return batch, adv
@@ -114,8 +115,9 @@ def test_the_reference_scores_like_the_policy_so_the_kl_is_zero_before_the_first
     tr = _trainer(tmp_path, dtype="bfloat16", kl_coef=0.05, packing="dense")
     batch, adv = _batch(tr)
     groups = [r // 4 for r in range(len(batch.completion_ids))]  # the rows' prompt groups
-    policy = tr.logprobs_no_grad(tr.model, batch.prompt_ids, batch.completion_ids, groups)[0]
-    ref = tr.logprobs_no_grad(tr.ref_model, batch.prompt_ids, batch.completion_ids, groups)[0]
+    micro = tr.micro_batches(list(range(len(groups))), batch.prompt_ids, batch.completion_ids, groups)
+    policy = tr.logprobs_no_grad(tr.model, batch.prompt_ids, batch.completion_ids, micro)[0]
+    ref = tr.logprobs_no_grad(tr.ref_model, batch.prompt_ids, batch.completion_ids, micro)[0]
     assert torch.equal(policy, ref)
     assert next(tr.ref_model.parameters()).dtype == torch.float32
     stats = tr.update(batch, list(range(len(batch.completion_ids))), adv, torch.ones(len(adv)), float(len(adv)), Timer())
@@ -174,7 +176,8 @@ def test_bf16_computes_the_decoder_and_the_vocabulary_head_in_bf16_and_keeps_fp3
         groups = [r // 4 for r in range(len(batch.completion_ids))]  # the rows' prompt groups, as a step has them
         vocab, hidden = tr.shape.vocab, tr.shape.hidden
         with _HeadMatmuls(vocab, hidden) as no_grad_head:
-            tr.logprobs_no_grad(tr.model, batch.prompt_ids, batch.completion_ids, groups)
+            tr.logprobs_no_grad(tr.model, batch.prompt_ids, batch.completion_ids,
+                                tr.micro_batches(list(range(len(groups))), batch.prompt_ids, batch.completion_ids, groups))
         no_grad = list(outs)
         with _HeadMatmuls(vocab, hidden) as update_head:
             grads = _update(tr, batch, adv)

@@ -208,9 +208,9 @@ def test_proportional_rule_reads_the_rollouts_logprobs_and_records_its_sizes(tmp
     rollout = tr._rollout
 
     def spy_rollout(keys, timer):
-        batch, rewards = rollout(keys, timer)
+        batch, rollouts = rollout(keys, timer)
         seen.append({"keys": keys, "grad": logit_grad_sizes(batch.logprobs, cfg.group_size)})
-        return batch, rewards
+        return batch, rollouts
 
     def spy_select(rewards, adv, gen, lengths=None, logit_grad=None):
         sel = select(rewards, adv, gen, lengths, logit_grad)
