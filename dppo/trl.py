@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import math
 import os
 import warnings
 from collections import defaultdict, deque
-import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
