@@ -1,6 +1,6 @@
 """docs/reference.md, generated from the config's declarations (`config._f`): every field of TrainConfig by section,
 with its type, default, allowed values, whether a resumed run may change it and whether DPPOConfig (TRL) has it,
-then the metrics a step logs (written by hand there; tests/test_reference.py checks them against a real step).
+which pruner reads which pruning field, then the metrics a step logs (written by hand there; tests/test_reference.py checks them against a real step).
 
     python -m dppo.reference     # rewrites docs/reference.md's field sections; tests/test_reference.py checks it
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from dppo.config import TrainConfig
+from dppo.config import PRUNER_FIELDS, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "reference.md"
@@ -41,11 +41,17 @@ def fields_markdown(config: type = TrainConfig) -> str:
     return "\n".join(out).strip("\n")
 
 
+def pruners_markdown(pruner_fields: dict[str, tuple[str, ...]] = PRUNER_FIELDS) -> str:
+    """The pruning fields each pruner reads (config.PRUNER_FIELDS: its dataclass fields the config declares)."""
+    rows = [f"| `{name}` | {', '.join(f'`{f}`' for f in fields_) or 'none'} |" for name, fields_ in pruner_fields.items()]
+    return "\n".join(["| pruner | the pruning fields it reads |", "| --- | --- |", *rows])
+
+
 def with_fields(page: str, config: type = TrainConfig) -> str:
-    """`page` with the text between the field markers replaced by `fields_markdown(config)`."""
+    """`page` with the text between the field markers replaced by the pruners' table and `fields_markdown(config)`."""
     head, rest = page.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{fields_markdown(config)}\n{END}{tail}"
+    return f"{head}{BEGIN}\n{pruners_markdown()}\n\n{fields_markdown(config)}\n{END}{tail}"
 
 
 def main() -> None:

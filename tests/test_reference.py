@@ -52,6 +52,8 @@ def test_a_field_declared_once_reaches_the_checks_the_pruner_trl_and_the_docs():
     assert config_changes({"prompt_keep_floor": "off"}, {"prompt_keep_floor": "on"}, declared(_Config, resumable=True))
     assert "- `prompt_keep_floor` (str; default `'off'`; one of `'off'`, `'on'`; also in DPPOConfig): A new pruning " \
            "setting." in reference.fields_markdown(_Config)
+    assert "| `mine` | " in reference.pruners_markdown({"mine": pruner_settings(_Pruner, _Config)}) and \
+        "`prompt_keep_floor` |" in reference.pruners_markdown({"mine": pruner_settings(_Pruner, _Config)})
     trl = pytest.importorskip("dppo.trl")
     fields = {name: f for name, _, f in trl.dppo_fields(_Config)}
     assert fields["prompt_keep_floor"].default == "off" and fields["prompt_keep_floor"].metadata == {
