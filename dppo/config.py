@@ -412,11 +412,14 @@ def check_pruning_fields(cfg) -> None:
            "bernoulli with inclusion proportional (Poisson sampling: each item independently)", cfg.prune_sampling)
 
 
+FIELD_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict}  # the fields' (string) annotations
+
+
 def _coerce(f: dataclasses.Field, value):
     """Cast YAML/CLI values to the field's type, with a one-line error when impossible."""
     if value is None:
         return None
-    kind = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict}.get(str(f.type))
+    kind = FIELD_TYPES.get(str(f.type))
     if kind is None or isinstance(value, kind):
         return value
     try:

@@ -391,10 +391,11 @@ class Trainer:
         # 1. log-probs without gradients: the old policy's (off-policy only; on-policy the ratio is 1 at the
         # update), the reference's (KL), the rollout engine's (truncated importance sampling)
         old_logp = ref_logp = rollout_logp = None
-        scored = cfg.ppo_epochs * cfg.num_minibatches > 1 or self.ref_model is not None
+        off_policy = cfg.ppo_epochs * cfg.num_minibatches > 1
+        scored = off_policy or self.ref_model is not None
         plans = [self.micro_batches(share, p_ids, c_ids, groups) for share in shares] if scored else []  # planned once
         mine, busiest = (plans[self.rank], max(len(x) for x in plans)) if scored else ([], 0)
-        if cfg.ppo_epochs * cfg.num_minibatches > 1:  # every rank as many forwards as the busiest (FSDP's collectives)
+        if off_policy:  # every rank as many forwards as the busiest (FSDP's collectives)
             with timer("old_logprob"):
                 old_logp, flops = self.logprobs_no_grad(self.model, p_ids, c_ids, mine, busiest)
             stats.add_flops("old_logprob", flops)

@@ -41,7 +41,7 @@ from trl.trainer.utils import nanmax, nanmin, nanstd
 
 from dppo import packing, pruning
 from dppo.composition import exact_count_stretch
-from dppo.config import PRUNER_FIELDS, ConfigError, TrainConfig, _check, check_pruning_fields
+from dppo.config import FIELD_TYPES, PRUNER_FIELDS, ConfigError, TrainConfig, _check, check_pruning_fields
 from dppo.history import PromptHistory
 from dppo.losses import AGGREGATIONS
 
@@ -162,13 +162,10 @@ COMPLETION_KEYS = ("completion_ids", "completion_mask", "old_per_token_logps", "
                    "sampling_per_token_logps", "importance_sampling_ratio", "tool_mask")
 
 
-_TYPES = {"float": float, "int": int, "bool": bool, "str": str}  # TrainConfig's annotations are strings
-
-
 def dppo_fields(config: type = TrainConfig) -> list[tuple[str, type, dataclasses.Field]]:
     """(name, type, field) of every field `config` declares with trl=True (dppo.config._f): DPPOConfig's own fields,
     with TrainConfig's names, defaults, help and allowed values (the metadata HfArgumentParser hands to argparse)."""
-    return [(f.name, _TYPES.get(f.type, f.type),
+    return [(f.name, FIELD_TYPES.get(f.type, f.type),
              field(default=f.default, metadata={k: v for k, v in f.metadata.items() if k in ("help", "choices")}))
             for f in dataclasses.fields(config) if f.metadata.get("trl")]
 
