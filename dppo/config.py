@@ -260,7 +260,7 @@ class TrainConfig:
                      "train_size", "eval_size", "dapo_max_rounds", "pack_capacity", "micro_batch_tokens",
                      "vllm_tensor_parallel_size", "max_skipped_steps", "process_group_timeout_s"):
             _check(int(getattr(self, name)) >= 1, name, "an integer >= 1", getattr(self, name))
-        for name in ("max_steps", "warmup_steps", "top_k", "refill_window", "rollout_token_budget",
+        for name in ("seed", "max_steps", "warmup_steps", "top_k", "refill_window", "rollout_token_budget",
                      "vllm_max_model_len", "vllm_max_num_seqs", "zero_variance_warn_steps"):
             _check(int(getattr(self, name)) >= 0, name, "an integer >= 0", getattr(self, name))
         _check(int(self.intra_op_threads) >= -1, "intra_op_threads", "an integer >= 0, or -1 (auto)", self.intra_op_threads)

@@ -353,7 +353,7 @@ REAL_STUDIES = ("main_results", "algorithms", "scale", "ablations", "sensitivity
 # Evaluations during training, every n steps, by study (the others: at the start and the end only). T1's feed F2's
 # curves and the time to GRPO's accuracy: every 8 of its 16 steps. At R1's every 4, evaluations took a large share of
 # a seed's time (docs/results.md, "T1 on the real model"; CHANGELOG.md, History of measurements). Every 8 keeps the
-# evaluations of steps 8 and 16 with their sampling seeds (dppo.trainer.eval_seed) and drops those of steps 4 and 12.
+# evaluations of steps 8 and 16 with their sampling streams (dppo.trainer.eval_step) and drops those of steps 4 and 12.
 REAL_EVAL_EVERY = {"main_results": 8}
 # A study's update layout where it is not the configs' (padding-free rows): T3's Gemma prompt is 8 worked facts long,
 # which dense rows would compute for each of a group's 8 completions (the step times: docs/engineering.md §4.6).

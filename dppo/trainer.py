@@ -30,7 +30,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from dppo import progress
+from dppo import progress, seeding
 from dppo.composition import PromptStream, StepComposer, prompt_limit
 from dppo.config import COMPUTE_DTYPES, RESUMABLE_CHANGES, ConfigError, TrainConfig
 from dppo.cost import ModelShape, training_multiplier
@@ -155,15 +155,13 @@ def enable_gradient_checkpointing(policy: torch.nn.Module) -> None:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-EVAL_SEED_STRIDE = 17  # an evaluation at step t samples with seed + 17 t (docs/method.md §6.1)
-
-
-def eval_seed(seed: int, step: int, final: bool) -> int:
-    """The sampling seed of an evaluation (docs/method.md §6.1): seed + EVAL_SEED_STRIDE * step for the initial and
-    periodic ones, so the runs of one seed evaluated at one step draw the same random numbers there; `seed` itself
-    for the final one, whatever step the run ended at: every method of a seed evaluates its final model with the same
-    random numbers (common random numbers), though DPPO ends at fewer steps than GRPO — the initial model's, too."""
-    return seed if final else seed + EVAL_SEED_STRIDE * step
+def eval_step(step: int, final: bool) -> int:
+    """The step that keys an evaluation's sampling stream (`dppo.seeding`: (seed, "evaluation", step, rank);
+    docs/method.md §6.1): its own step for the initial and periodic ones, so the runs of one seed evaluated at one
+    step draw the same random numbers there; 0 for the final one, whatever step the run ended at: every method of a
+    seed evaluates its final model with the same random numbers (common random numbers), though DPPO ends at fewer
+    steps than GRPO — the initial model's, too."""
+    return 0 if final else step
 
 
 def graded_samples(splits: dict[str, list[Problem]], k: int, k_per_split: dict[str, int] | None) -> int:
@@ -190,8 +188,9 @@ class Trainer:
         self.is_main = self.accelerator.is_main_process
         self.fsdp = self.accelerator.distributed_type == DistributedType.FSDP
         configure_fsdp(self.accelerator, cfg.dtype)  # FSDP2: bf16 all-gathers over fp32 shards, fp32 reduce-scatters
-        random.seed(cfg.seed + self.rank)  # rollout sampling: each rank its own stream (rank 0 = one process)
-        torch.manual_seed(cfg.seed + self.rank)
+        sampling = seeding.stream_seed(cfg.seed, "rollouts", rank=self.rank)  # rollout sampling: a stream per rank
+        random.seed(sampling)
+        torch.manual_seed(sampling)
         with self.accelerator.main_process_first():  # downloads and the embedded model's first build: once
             self.train, self.evals = load_data(cfg)
             # under fsdp_cpu_ram_efficient_loading only rank 0 reads the weights; prepare() broadcasts them
@@ -304,7 +303,7 @@ class Trainer:
         load = LoadMeter()  # what other work took of the machine's cores meanwhile (dppo.machine)
         load.start()
         B, length0 = cfg.prompts_per_step, cfg.max_new_tokens / 2  # length0: a never-seen prompt's expected length
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * self.step + 1)  # masks: own stream
+        gen = seeding.generator(cfg.seed, "masks", self.step)  # the same on every rank: the masks are global
         epoch = self.composer.covered // len(self.train)
 
         keys = self.composer.next_keys(pruner.prompts_to_cover(B), self.history, pruner)
@@ -410,7 +409,7 @@ class Trainer:
         # 2. the optimizer steps: ppo_epochs passes, each over num_minibatches random splits of every rank's share
         self.model.train()
         # every rank's minibatches (the same generators on every rank), so all know the global sizes and counts
-        gens = [torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step + 104_729 * r) for r in range(W)]
+        gens = [seeding.generator(cfg.seed, "minibatches", self.step, r) for r in range(W)]
         with timer("update"):
             for _ in range(cfg.ppo_epochs):
                 perms = [[shares[r][i] for i in (torch.randperm(len(shares[r]), generator=gens[r]).tolist()
@@ -420,7 +419,10 @@ class Trainer:
                     mb_rows = [perm[mb::cfg.num_minibatches] for perm in perms]  # per rank
                     n_mb = sum(len(x) for x in mb_rows)
                     if n_mb:  # (none: fewer kept rows than minibatches)
-                        stats = stats.merge(self.minibatch_step(mb_rows, p_ids, c_ids, groups, adv, weights,
+                        # its micro-batches, every rank's planned here: a rank with fewer runs dummies (in step)
+                        mb_plans = [self.micro_batches(x, p_ids, c_ids, groups) for x in mb_rows]
+                        micro = pad_to(mb_plans[self.rank], max(len(x) for x in mb_plans), DUMMY_MICRO_BATCH)
+                        stats = stats.merge(self.minibatch_step(micro, p_ids, c_ids, adv, weights,
                                                                 normaliser * n_mb / len(rows), old_logp, ref_logp,
                                                                 rollout_logp))
         self.opt.zero_grad(set_to_none=True)  # gradients freed before the next rollout (vLLM wakes into that memory)
@@ -432,17 +434,14 @@ class Trainer:
         stats.flops["update"] = stats.flops.get("update", 0.0) * training_multiplier(cfg.gradient_checkpointing)
         return stats
 
-    def minibatch_step(self, mb_rows: list[list[int]], p_ids: list[list[int]], c_ids: list[list[int]],
-                       groups: list[int], adv: torch.Tensor, weights: torch.Tensor, mb_norm: float,
-                       old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None,
-                       rollout_logp: torch.Tensor | None) -> UpdateStats:
-        """One optimizer step over a minibatch (`mb_rows[rank]`: each rank's kept rows in it) with normaliser
-        `mb_norm`: the gradients of its micro-batches accumulated (a rank with fewer runs dummies, so collectives
-        stay in step; DDP all-reduces once, at the last), then clipped and applied; this rank's sums (the update's
-        forward FLOPs under "update")."""
+    def minibatch_step(self, micro: list[tuple[bool, MicroBatch]], p_ids: list[list[int]], c_ids: list[list[int]],
+                       adv: torch.Tensor, weights: torch.Tensor, mb_norm: float, old_logp: torch.Tensor | None,
+                       ref_logp: torch.Tensor | None, rollout_logp: torch.Tensor | None) -> UpdateStats:
+        """One optimizer step over a minibatch — this rank's planned micro-batches `micro` ((real, micro-batch); a
+        dummy keeps the collectives in step) — with normaliser `mb_norm`: their gradients accumulated (DDP
+        all-reduces once, at the last), then clipped and applied; this rank's sums (the update's forward FLOPs under
+        "update")."""
         ddp = self.world > 1 and not self.fsdp  # DDP: one all-reduce a minibatch; FSDP reduce-scatters each backward
-        plans = [self.micro_batches(x, p_ids, c_ids, groups) for x in mb_rows]
-        micro = pad_to(plans[self.rank], max(len(x) for x in plans), DUMMY_MICRO_BATCH)
         stats = UpdateStats()
         self.opt.zero_grad(set_to_none=True)
         for m, (real_mb, mbatch) in enumerate(micro):
@@ -571,12 +570,12 @@ class Trainer:
 
     # ------------------------------------------------------------ eval, checkpoints, loop
     def run_eval(self) -> dict[str, float]:
-        """Pass@1 per split and averaged (dppo.evaluation) of the current policy, sampled with `eval_seed`: final
-        when training has begun and is finished (the evaluation after the run's last step, whose seed does not depend
-        on that step; a resumed run's too)."""
+        """Pass@1 per split and averaged (dppo.evaluation) of the current policy, sampled on the stream of `eval_step`:
+        final when training has begun and is finished (the evaluation after the run's last step, whose stream does
+        not depend on that step; a resumed run's too)."""
         final = self.step > 0 and self.finished()
         acc = evaluate(self.engine, self.evals, self.cfg.eval_samples, self.cfg.eval_temperature,
-                       self.cfg.max_new_tokens, seed=eval_seed(self.cfg.seed, self.step, final),
+                       self.cfg.max_new_tokens, seed=self.cfg.seed, step=eval_step(self.step, final),
                        k_per_split=self.cfg.eval_samples_per_split, answer_check=self.cfg.answer_check,
                        answer_format=self.cfg.answer_format)
         # the engine stays awake: the next step's rollout needs it, and that step sleeps it before its update (a

@@ -39,7 +39,7 @@ from torch.utils.data import Dataset, Sampler
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin, nanstd
 
-from dppo import packing, pruning
+from dppo import packing, pruning, seeding
 from dppo.composition import exact_count_stretch
 from dppo.config import FIELD_TYPES, PRUNER_FIELDS, ConfigError, TrainConfig, _check, check_pruning_fields
 from dppo.history import PromptHistory
@@ -293,9 +293,9 @@ def trl_advantages(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor,
 
 
 def mask_generator(seed: int, batch_no: int, stage: int) -> torch.Generator:
-    """The masks of generation batch `batch_no` (stage 0: prompts, 1: completions): seeded by the batch alone, so
-    every process and a resumed run draw the same masks."""
-    return torch.Generator().manual_seed((seed * 1_000_003 + batch_no) * 2 + stage)
+    """The masks of generation batch `batch_no` (stage 0: prompts, 1: completions): keyed by the batch alone
+    (`dppo.seeding`), so every process and a resumed run draw the same masks."""
+    return seeding.generator(seed, ("trl_prompt_masks", "trl_completion_masks")[stage], batch_no)
 
 
 # ------------------------------------------------------------------ prompt stage: the sampler

@@ -4,6 +4,7 @@
 import torch
 from safetensors.torch import load_file
 
+from dppo import seeding
 from dppo.config import TrainConfig
 from dppo.paired import fit_in_turn
 from dppo.trainer import Trainer, read_metrics, run_metrics
@@ -138,29 +139,31 @@ def test_auto_threads_follow_the_cores_other_work_left_free(tmp_path, embedded, 
     assert used == [cores, cores, cores - 1, cores] and torch.get_num_threads() == before
 
 
-def test_the_final_evaluations_seed_depends_only_on_the_runs_seed():
+def test_the_final_evaluations_stream_depends_only_on_the_runs_seed():
     """Common random numbers (docs/method.md §6.1): DPPO's last step is 15, GRPO's 16; their final evaluations sample
-    with one seed (the initial evaluation's), while periodic evaluations at one step share seed + 17 step."""
-    from dppo.trainer import EVAL_SEED_STRIDE, eval_seed
+    on one stream (the initial evaluation's: step 0 of (seed, "evaluation")), periodic ones at one step on that
+    step's, and two seeds never on one."""
+    from dppo.trainer import eval_step
 
-    for seed in (0, 1, 7):
-        assert eval_seed(seed, 15, final=True) == eval_seed(seed, 16, final=True) == eval_seed(seed, 0, final=False)
-        assert eval_seed(seed, 8, final=False) == seed + EVAL_SEED_STRIDE * 8 != eval_seed(seed + 1, 8, final=False)
-    assert eval_seed(0, 16, final=True) != eval_seed(1, 16, final=True)  # seeds stay apart
+    assert eval_step(15, final=True) == eval_step(16, final=True) == eval_step(0, final=False) == 0
+    assert eval_step(8, final=False) == 8
+    streams = {(seed, step): seeding.stream_seed(seed, "evaluation", eval_step(step, final))
+               for seed in (0, 1, 17) for step, final in ((0, False), (8, False), (16, True))}
+    assert len(set(streams.values())) == 3 * 2  # per seed: the initial = the final one, and step 8's
 
 
 def test_final_evaluations_of_one_seed_share_their_sampling_seed(tmp_path, embedded, monkeypatch):
     """Common random numbers (docs/method.md §6.1): two runs of seed 0, one ending at step 3 and one at step 2
-    (DPPO ends before GRPO), evaluate their final models with one sampling seed (the initial evaluation's), whatever
-    step they ended at; a periodic evaluation samples with seed + 17 step. Every evaluation logs the samples it graded
+    (DPPO ends before GRPO), evaluate their final models on one sampling stream (the initial evaluation's), whatever
+    step they ended at; a periodic evaluation samples on its step's. Every evaluation logs the samples it graded
     (`eval_n`: 6 splits x 2 problems x 1 sample), which the equal-compute tolerance reads (docs/method.md §6.2)."""
     from dppo import trainer
 
-    seeds: dict[str, list[tuple[int, int]]] = {}
+    seeds: dict[str, list[tuple[int, int, int]]] = {}
     current: list[Trainer] = []  # the run being trained
 
-    def recorded(engine, splits, k, temperature, max_new_tokens, seed=0, **kwargs):  # no sampling: its seed only
-        seeds.setdefault(current[0].out.name, []).append((current[0].step, seed))
+    def recorded(engine, splits, k, temperature, max_new_tokens, seed=0, step=0, **kwargs):  # no sampling: its key
+        seeds.setdefault(current[0].out.name, []).append((current[0].step, seed, step))
         return {**{name: 0.5 for name in splits}, "avg": 0.5}
 
     monkeypatch.setattr(trainer, "evaluate", recorded)
@@ -168,6 +171,6 @@ def test_final_evaluations_of_one_seed_share_their_sampling_seed(tmp_path, embed
         tr = Trainer(TrainConfig(output_dir=str(tmp_path / name), max_steps=steps, eval_every=2, seed=0, **SMALL))
         current[:] = [tr]
         tr.fit()
-    assert seeds == {"long": [(0, 0), (2, 34), (3, 0)], "short": [(0, 0), (2, 0)]}
+    assert seeds == {"long": [(0, 0, 0), (2, 0, 2), (3, 0, 0)], "short": [(0, 0, 0), (2, 0, 0)]}
     logged = [r.get("eval_n") for r in read_metrics(tmp_path / "long" / "metrics.jsonl") if "eval/avg" in r]
     assert logged == [6 * 2 * 1] * 3
