@@ -208,6 +208,11 @@ class TrainConfig:
     weight_decay: float = _f("optimisation", 0.0, "AdamW weight decay.")
     warmup_steps: int = _f("optimisation", 10, "Linear learning-rate warm-up over this many training steps (not optimizer updates): "
                                 "step k uses lr x min(1, (k + 1) / warmup_steps), the same for any number of processes.")
+    lr_scheduler_type: str = _f("optimisation", "constant", "Decay of the learning rate over the run's data (docs/method.md "
+                                "§6.4): step k multiplies its warm-up rate by 1 (constant), 1 - f (linear) or "
+                                "(1 + cos(pi f)) / 2 (cosine), f the share of the run's prompts covered before it "
+                                "(of max_steps when that stops the run): every method decays alike per epoch.",
+                                choices=("constant", "linear", "cosine"))
     max_grad_norm: float = _f("optimisation", 1.0, "Gradient clipping norm (0 = off).")
     # ---- evaluation and saving
     eval_every: int = _f("evaluation", 50, "Evaluate every this many steps (and after the last).", resumable=True)
@@ -220,6 +225,10 @@ class TrainConfig:
     eval_samples_per_split: dict = _f("evaluation", None, "k per eval split where it differs from eval_samples (AIME / AMC: more).",
                                       resumable=True)
     eval_temperature: float = _f("evaluation", 1.0, "Sampling temperature of evaluation.", resumable=True)
+    eval_subset_size: int = _f("evaluation", 0, "Evaluations during training sample only the first n problems of each split "
+                               "(the same for every method of a seed), logged as eval_subset/*; the initial and final "
+                               "ones sample every problem and log the subset's share too (docs/method.md §6.2). "
+                               "0 = every evaluation samples every problem.", resumable=True)
     save_every: int = _f("evaluation", 50, "Checkpoint every this many steps (and at the end).", resumable=True)
     keep_checkpoints: int = _f("evaluation", 2, "How many checkpoints to keep (the newest).", resumable=True)
     keep_checkpoints_after_final: bool = _f("evaluation", True, "Keep the checkpoints once final/ is written (the CPU case study "
@@ -260,7 +269,7 @@ class TrainConfig:
                      "train_size", "eval_size", "dapo_max_rounds", "pack_capacity", "micro_batch_tokens",
                      "vllm_tensor_parallel_size", "max_skipped_steps", "process_group_timeout_s"):
             _check(int(getattr(self, name)) >= 1, name, "an integer >= 1", getattr(self, name))
-        for name in ("seed", "max_steps", "warmup_steps", "top_k", "refill_window", "rollout_token_budget",
+        for name in ("seed", "max_steps", "warmup_steps", "top_k", "eval_subset_size", "refill_window", "rollout_token_budget",
                      "vllm_max_model_len", "vllm_max_num_seqs", "zero_variance_warn_steps"):
             _check(int(getattr(self, name)) >= 0, name, "an integer >= 0", getattr(self, name))
         _check(int(self.intra_op_threads) >= -1, "intra_op_threads", "an integer >= 0, or -1 (auto)", self.intra_op_threads)

@@ -1,8 +1,11 @@
 """Evaluation: Pass@1 averaged over k samples per problem (avg@k) and pass@k, per split, and avg@k on
-average over the splits (docs/engineering.md §4).
+average over the splits (docs/engineering.md §4), with the variance that sampling alone adds to avg@k on these
+problems (docs/method.md §6.3: what more samples per problem would remove).
 
     avg@k(split)  = 1/(|split| k) * sum_problems sum_{j<k} reward(sample_j, gold)
     pass@k(split) = 1/|split| * sum_problems max_{j<k} reward(sample_j, gold)
+    sampling_var(split) = 1/(|split|^2 k) * sum_problems s_i^2,   s_i^2 = k/(k-1) * p_i (1 - p_i)
+                                                                  (p_i the problem's share right; unbiased, k >= 2)
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from dppo.rollout import RolloutEngine, SamplingParams
 
 def evaluate(engine: RolloutEngine, splits: dict[str, list[Problem]], k: int, temperature: float,
              max_new_tokens: int, seed: int = 0, step: int = 0, k_per_split: dict[str, int] | None = None,
-             answer_check: str = "literal", answer_format: str = "boxed") -> dict[str, float]:
-    """{split: avg@k, f'{split}/pass@{k}': pass@k, 'avg': mean of the splits' avg@k}, k = k_per_split.get(split, k).
+             answer_check: str = "literal", answer_format: str = "boxed", subset_size: int = 0) -> dict[str, float]:
+    """{split: avg@k, f'{split}/pass@{k}': pass@k, f'{split}/sampling_var' (k >= 2), 'avg': mean of the splits'
+    avg@k, 'avg/sampling_var'}, k = k_per_split.get(split, k); with `subset_size` n > 0 the same keys under
+    'subset/' for the first n problems of each split, from the same samples (`summary`).
     Every split is sampled in one `generate` call (the engine batches them all): n = gcd of the splits' k, and a
     problem whose split takes k samples is asked k / n times. Sampling uses a forked RNG on stream
     (seed, "evaluation", step, rank) (`dppo.seeding`), so evaluating never changes the training run's random stream. Under data parallelism each rank samples its shard
@@ -39,15 +44,32 @@ def evaluate(engine: RolloutEngine, splits: dict[str, list[Problem]], k: int, te
     scores = {name: [[math_reward(next(texts), p.answer, answer_check, answer_format) for _ in range(ks[name])]
                      for p in problems] for name, problems in mine.items()}
     parts = all_gather(scores)
+    graded = {name: torch.tensor(unshard([part[name] for part in parts]), dtype=torch.float32).view(len(problems), ks[name])
+              for name, problems in splits.items()}  # [problems, k] rewards per split
+    out = summary(graded)
+    if subset_size:
+        out.update({f"subset/{key}": v for key, v in summary({name: g[:subset_size] for name, g in graded.items()}).items()})
+    return out
+
+
+def summary(graded: dict[str, torch.Tensor]) -> dict[str, float]:
+    """avg@k, pass@k and sampling_var (the module's formulas) of each split's rewards [problems, k], and their mean
+    over the splits ('avg', 'avg/sampling_var' = the splits' sum / splits^2); {} without splits (a run without eval
+    splits evaluates nothing)."""
     out: dict[str, float] = {}
-    for name, problems in splits.items():
-        split = torch.tensor(unshard([part[name] for part in parts]), dtype=torch.float32).view(len(problems), ks[name])
+    for name, split in graded.items():
+        n, k = split.shape
         out[name] = float(split.mean())
-        out[f"{name}/pass@{ks[name]}"] = float((split.max(dim=1).values > 0).float().mean())
-    if splits:  # a run without eval splits (a data file and no eval_datasets) evaluates nothing
-        out["avg"] = sum(out[name] for name in splits) / len(splits)
+        out[f"{name}/pass@{k}"] = float((split.max(dim=1).values > 0).float().mean())
+        if k >= 2:
+            p = split.mean(dim=1)
+            out[f"{name}/sampling_var"] = float((k / (k - 1) * p * (1 - p)).sum() / (n * n * k))
+    if graded:
+        out["avg"] = sum(out[name] for name in graded) / len(graded)
+        if all(f"{name}/sampling_var" in out for name in graded):
+            out["avg/sampling_var"] = sum(out[f"{name}/sampling_var"] for name in graded) / len(graded) ** 2
     return out
 
 
 def format_accuracy(acc: dict[str, float]) -> str:
-    return "  ".join(f"{k}={100 * v:.1f}" for k, v in acc.items() if "/pass@" not in k)
+    return "  ".join(f"{k}={100 * v:.1f}" for k, v in acc.items() if "/" not in k)

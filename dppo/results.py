@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from dppo.config import TrainConfig
 PROFILES = ("cpu", "paper", "real")  # real: the paper's tables on R1's real model (dppo.studies.real_params)
 CODE_FILE = "code.sha256"  # in each run folder: the hash of the dppo source that trained it
+COMMIT_FILE = "commit.txt"  # and the git commit of that source (`training_commit`): what tables name
 # Other work beyond the cores a run left free that makes a step (or a run, on average) contended: a quiet machine reads
 # a few hundredths of a core, one competing CPU-bound process about 1 (docs/engineering.md §5.1; dppo.tables reads it)
 OTHER_CORES_LIMIT = 0.25
@@ -127,6 +128,7 @@ def prepare(config: str | Path, output_dir: str | Path, smoke: bool = False, **o
         shutil.rmtree(out / "final", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / CODE_FILE).write_text(code_hash() + "\n")
+    (out / COMMIT_FILE).write_text(training_commit() + "\n")
     return cfg
 
 
@@ -174,6 +176,27 @@ def code_hash(pkg: Path = Path(__file__).resolve().parent) -> str:
         if path.relative_to(pkg).as_posix() not in REPORTING_MODULES:
             digest.update(str(path.relative_to(pkg)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def training_commit(pkg: Path = Path(__file__).resolve().parent) -> str:
+    """The git commit whose training code (the files `code_hash` reads) this checkout runs: HEAD's short hash, with
+    '+modified' when any of those files differs from HEAD's (an edit or a new file not committed: the commit alone does
+    not describe the code); 'unknown' outside a git checkout."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(pkg), *args], capture_output=True, text=True, check=True).stdout
+
+    try:
+        head = git("rev-parse", "--short=12", "HEAD").strip()
+        changed = [line[3:].strip() for line in git("status", "--porcelain", "--untracked-files=all", "--", ".").splitlines()]
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    top = Path(git("rev-parse", "--show-toplevel").strip())
+    training = [c for c in changed if c.endswith(".py") and (top / c).resolve().parent.is_relative_to(pkg)
+                and (top / c).resolve().relative_to(pkg).as_posix() not in REPORTING_MODULES]
+    return head + ("+modified" if training else "")
 
 
 def _saved_config(out: Path) -> TrainConfig | None:

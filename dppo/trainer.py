@@ -100,11 +100,16 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], dict[str, list[Problem]]
     return train, evals
 
 
-def learning_rate(cfg: TrainConfig, step: int) -> float:
-    """The learning rate of training step `step` (0-based): linear warm-up over `warmup_steps` training steps, then
-    constant, lr x min(1, (step + 1) / warmup_steps). Every optimizer update of the step (ppo_epochs x
-    num_minibatches of them) uses it, and it depends on the step alone: 1 and N processes follow one schedule."""
-    return cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
+def learning_rate(cfg: TrainConfig, step: int, fraction: float = 0.0) -> float:
+    """The learning rate of training step `step` (0-based) begun at `fraction` f in [0, 1), the share of the run's
+    data covered before it (docs/method.md §6.4): linear warm-up over `warmup_steps` training steps times the decay
+    of `lr_scheduler_type`, lr x min(1, (step + 1) / warmup_steps) x {1 | 1 - f | (1 + cos(pi f)) / 2}. Every
+    optimizer update of the step (ppo_epochs x num_minibatches of them) uses it; it depends on the step and the data
+    covered alone, so 1 and N processes follow one schedule, and methods whose steps cover more prompts (refill)
+    decay per epoch as those that cover fewer."""
+    f = min(max(fraction, 0.0), 1.0)
+    decay = {"constant": 1.0, "linear": 1.0 - f, "cosine": 0.5 * (1.0 + math.cos(math.pi * f))}[cfg.lr_scheduler_type]
+    return cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps)) * decay
 
 
 def prompt_template(cfg: TrainConfig) -> str:
@@ -269,6 +274,12 @@ class Trainer:
     def epoch_progress(self) -> float:
         return self.composer.covered / len(self.train)
 
+    def run_fraction(self) -> float:
+        """The share of the run done: prompts covered of those its epochs cover, or steps of max_steps when that
+        stops the run sooner (`learning_rate`'s f)."""
+        f = self.composer.covered / max(1, self.composer.stream.limit)
+        return max(f, self.step / self.cfg.max_steps) if self.cfg.max_steps else f
+
     def _rollout(self, keys: list[int], timer: Timer) -> tuple[RolloutBatch, Rollouts]:
         """One rollout round: G completions for each prompt key (this rank's shard, gathered from every rank in the
         order of `keys`), their rewards and lengths [len(keys), G], and the sampled tokens' log-prob sizes when the
@@ -305,6 +316,7 @@ class Trainer:
         B, length0 = cfg.prompts_per_step, cfg.max_new_tokens / 2  # length0: a never-seen prompt's expected length
         gen = seeding.generator(cfg.seed, "masks", self.step)  # the same on every rank: the masks are global
         epoch = self.composer.covered // len(self.train)
+        fraction = self.run_fraction()  # done before this step: the learning rate's decay
 
         keys = self.composer.next_keys(pruner.prompts_to_cover(B), self.history, pruner)
         with timer("prune"):
@@ -329,7 +341,7 @@ class Trainer:
         for j, k in enumerate(step.rolled):
             self.history.update(k, step.rewards[j].tolist(), step.advantages[j].abs().tolist(),
                                 step.lengths[j].tolist(), self.step, sizes=None if sizes is None else sizes[j].tolist())
-        lr = learning_rate(cfg, self.step)  # every optimizer update of this step uses it
+        lr = learning_rate(cfg, self.step, fraction)  # every optimizer update of this step uses it
         for group in self.opt.param_groups:
             group["lr"] = lr
         update = self.update(batch, step.rows.tolist(), step.advantages.reshape(-1), step.weights, step.normaliser,
@@ -570,25 +582,35 @@ class Trainer:
 
     # ------------------------------------------------------------ eval, checkpoints, loop
     def run_eval(self) -> dict[str, float]:
-        """Pass@1 per split and averaged (dppo.evaluation) of the current policy, sampled on the stream of `eval_step`:
-        final when training has begun and is finished (the evaluation after the run's last step, whose stream does
-        not depend on that step; a resumed run's too)."""
-        final = self.step > 0 and self.finished()
-        acc = evaluate(self.engine, self.evals, self.cfg.eval_samples, self.cfg.eval_temperature,
-                       self.cfg.max_new_tokens, seed=self.cfg.seed, step=eval_step(self.step, final),
-                       k_per_split=self.cfg.eval_samples_per_split, answer_check=self.cfg.answer_check,
-                       answer_format=self.cfg.answer_format)
+        """Pass@1 per split and averaged (dppo.evaluation) of the current policy, sampled on the stream of `eval_step`,
+        as metrics to log: `eval/*` and `eval_n` (samples graded) for an evaluation of every problem, `eval_subset/*`
+        and `eval_subset_n` for the first `eval_subset_size` problems of each split (docs/method.md §6.2). With a
+        subset, an evaluation during training samples only the subset; the initial one and the final one (after the
+        run's last step, whose stream does not depend on that step; a resumed run's too) sample every problem and
+        log both."""
+        cfg, final = self.cfg, self.step > 0 and self.finished()
+        n = cfg.eval_subset_size
+        whole = not n or self.step == 0 or final
+        splits = self.evals if whole else {name: problems[:n] for name, problems in self.evals.items()}
+        acc = evaluate(self.engine, splits, cfg.eval_samples, cfg.eval_temperature, cfg.max_new_tokens, seed=cfg.seed,
+                       step=eval_step(self.step, final), k_per_split=cfg.eval_samples_per_split,
+                       answer_check=cfg.answer_check, answer_format=cfg.answer_format, subset_size=n if whole else 0)
         # the engine stays awake: the next step's rollout needs it, and that step sleeps it before its update (a
         # sleep here would need a weight push at the next wake: a collective that a rank without prompts would skip)
         if self.is_main:
-            tqdm.write(f"[eval step {self.step}] pass@1 (%): {format_accuracy(acc)}")
-        return acc
-
-    def eval_count(self) -> dict[str, int]:
-        """{"eval_n": samples graded per evaluation} (`graded_samples`), or {} for a run without eval splits."""
-        if not self.evals:
+            tqdm.write(f"[eval step {self.step}{'' if whole else f', first {n} a split'}] pass@1 (%): "
+                       f"{format_accuracy(acc)}")
+        if not splits:  # a run without eval splits reports no accuracy
             return {}
-        return {"eval_n": graded_samples(self.evals, self.cfg.eval_samples, self.cfg.eval_samples_per_split)}
+        graded = graded_samples(splits, cfg.eval_samples, cfg.eval_samples_per_split)
+        if not whole:
+            return {**{f"eval_subset/{k}": v for k, v in acc.items()}, "eval_subset_n": graded}
+        out = {**{f"eval/{k}": v for k, v in acc.items() if not k.startswith("subset/")}, "eval_n": graded}
+        if n:
+            out.update({f"eval_subset/{k[7:]}": v for k, v in acc.items() if k.startswith("subset/")})
+            out["eval_subset_n"] = graded_samples({name: problems[:n] for name, problems in splits.items()},
+                                                  cfg.eval_samples, cfg.eval_samples_per_split)
+        return out
 
     def _log(self, record: dict) -> None:
         if self.is_main:  # one write(2) of the whole line, fsynced (runfiles.append_line)
@@ -779,7 +801,7 @@ class Trainer:
             write_atomic(self.out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             write_atomic(self.out / "machine.json", json.dumps(describe(), indent=1))  # what the clocks ran on
         if not resumed and cfg.eval_before_train:
-            self._log({"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().items()}, **self.eval_count()})
+            self._log({"step": 0, **self.run_eval()})
         acc: dict[str, float] = {}
         name = "/".join(self.out.parts[-2:])  # e.g. "grpo/seed1": which run the bar is
         bar = tqdm(total=self.composer.stream.limit, initial=min(self.composer.covered, self.composer.stream.limit),
@@ -789,8 +811,9 @@ class Trainer:
             record = self.train_step()
             last = self.finished()
             if self.step % cfg.eval_every == 0 or last:
-                acc = self.run_eval()
-                record.update({f"eval/{k}": v for k, v in acc.items()}, **self.eval_count())
+                evaluated = self.run_eval()
+                record.update(evaluated)
+                acc = {k[5:]: v for k, v in evaluated.items() if k.startswith("eval/")} if last else acc
             self._log(record)
             self.watch(record)
             if self.step % cfg.save_every == 0 or last:
