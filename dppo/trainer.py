@@ -587,11 +587,12 @@ class Trainer:
         and `eval_subset_n` for the first `eval_subset_size` problems of each split (docs/method.md §6.2). With a
         subset, an evaluation during training samples only the subset; the initial one and the final one (after the
         run's last step, whose stream does not depend on that step; a resumed run's too) sample every problem and
-        log both."""
+        log both. `timing_s/eval` and `cpu_s/eval`: what the evaluation took (never training time)."""
         cfg, final = self.cfg, self.step > 0 and self.finished()
         n = cfg.eval_subset_size
         whole = not n or self.step == 0 or final
         splits = self.evals if whole else {name: problems[:n] for name, problems in self.evals.items()}
+        wall, cpu = time.perf_counter(), time.process_time()
         acc = evaluate(self.engine, splits, cfg.eval_samples, cfg.eval_temperature, cfg.max_new_tokens, seed=cfg.seed,
                        step=eval_step(self.step, final), k_per_split=cfg.eval_samples_per_split,
                        answer_check=cfg.answer_check, answer_format=cfg.answer_format, subset_size=n if whole else 0)
@@ -603,9 +604,10 @@ class Trainer:
         if not splits:  # a run without eval splits reports no accuracy
             return {}
         graded = graded_samples(splits, cfg.eval_samples, cfg.eval_samples_per_split)
+        spent = {"timing_s/eval": time.perf_counter() - wall, "cpu_s/eval": time.process_time() - cpu}
         if not whole:
-            return {**{f"eval_subset/{k}": v for k, v in acc.items()}, "eval_subset_n": graded}
-        out = {**{f"eval/{k}": v for k, v in acc.items() if not k.startswith("subset/")}, "eval_n": graded}
+            return {**{f"eval_subset/{k}": v for k, v in acc.items()}, "eval_subset_n": graded, **spent}
+        out = {**{f"eval/{k}": v for k, v in acc.items() if not k.startswith("subset/")}, "eval_n": graded, **spent}
         if n:
             out.update({f"eval_subset/{k[7:]}": v for k, v in acc.items() if k.startswith("subset/")})
             out["eval_subset_n"] = graded_samples({name: problems[:n] for name, problems in splits.items()},
