@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from dppo import verdicts
 from dppo.studies import PAPER, TABLES
+from dppo.verdicts import Interval
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- results-table: generated from figures/*.csv by `.venv/bin/python -m dppo.readme` -->"
@@ -23,7 +25,6 @@ PAGES = {"README.md": (REAL_BEGIN, REAL_END, "figures/real"), "docs/results.md":
 # T5's FLOPs speed-up drops by more than this share before a cell with higher rates counts as below one with lower
 # rates: each cell's rollouts are its own (the real T1's DPPO FLOPs speed-up over its seeds: docs/results.md, R1)
 MONOTONE_MARGIN = 0.05
-KEPT_MARGIN = 5.0  # points: a gain interval that holds 0 says "kept" only when it also excludes losses beyond this
 
 
 def _value(row: pd.Series, column: str, unit: str = "", sign: str = "") -> str:
@@ -47,75 +48,54 @@ def _run(row: pd.Series) -> str:
     return f"{timed}, {_value(row, 'speedup_flops', 'x')} FLOPs, {_value(row, 'acc_gain', ' points', '+')}"
 
 
-def _interval(values: pd.Series) -> tuple[float, float, int]:
-    """(mean, 95% t half-width, n) of one value per seed (NaN half-width for one seed; NaN mean for none)."""
-    from dppo.tables import t_quantile
-
-    n = len(values)
-    half = t_quantile(n - 1) * float(values.std(ddof=1)) / math.sqrt(n) if n > 1 else math.nan
-    return (float(values.mean()) if n else math.nan), half, n
+def _learned(seeds: pd.DataFrame, label: str) -> Interval:
+    """A row's final minus starting accuracy in points over its seeds: did its training raise accuracy at all."""
+    return Interval.of((seeds["acc/avg"] - seeds["acc/start"])[seeds["label"] == label])
 
 
-def _learned(seeds: pd.DataFrame, label: str) -> tuple[float, float]:
-    """(mean, 95% half-width) over seeds of a row's final minus starting accuracy in points (NaN half-width for one
-    seed): did its training raise accuracy at all."""
-    return _interval((seeds["acc/avg"] - seeds["acc/start"])[seeds["label"] == label])[:2]
+def _gain(seeds: pd.DataFrame, label: str) -> Interval:
+    """A row's paired accuracy gain over its baseline (points), one value per seed."""
+    return Interval.of(seeds.loc[seeds["label"] == label, "acc_gain"])
 
 
 def learning(seeds: pd.DataFrame, baselines) -> str:
-    """"GRPO learned +41.2 ± 3.0": each baseline's final minus starting accuracy (points, 95% interval over seeds;
-    "(one seed)" once at the end without one)."""
-    said = []
+    """"learned: GRPO +41.2 ± 3.0" for each baseline whose final − start accuracy's interval lies above 0
+    (`verdicts.learned`); every other baseline is named with its interval and what it shows ("GRPO +22.9 ± 120.4: did
+    not learn resolvably"; "(one seed)" without an interval): its table compares no accuracy."""
+    said, others = [], []
     for baseline in baselines:
-        m, half = _learned(seeds, baseline)
-        said.append(f"{baseline} {m:+.1f}" + ("" if math.isnan(half) else f" ± {half:.1f}"))
-    one = seeds["seed"].nunique() < 2
-    return "learned: " + ", ".join(said) + (" (one seed)" if one else "")
+        gain = _learned(seeds, baseline)
+        text = f"{baseline} {gain.mean:+.1f}" + (f" ± {gain.half:.1f}" if gain.resolved else " (one seed)")
+        if verdicts.learned(gain):
+            said.append(text)
+        else:
+            others.append(f"{text}: {verdicts.learning_word(gain)}" if gain.resolved else text)
+    return "; ".join((["learned: " + ", ".join(said)] if said else []) + others)
 
 
 def verdict(df: pd.DataFrame, seeds: pd.DataFrame, label: str, baseline: str) -> str:
-    """A row's verdict from its intervals: speed-up "faster" when the wall-clock interval lies above 1, "slower"
-    when below, "speed unresolved" when it holds 1 (two seeds at 1.3x and 1.4x are not "not faster"); accuracy
-    "higher" / "lower" when the gain's interval excludes 0, "kept" when it holds 0 within +-KEPT_MARGIN points,
-    "unresolved at this power" when it holds 0 but is wider, and "unresolved" when the baseline did not learn (its
-    gain over its start holds 0) or there is one seed. One seed has no interval: its speed word says so ("faster in
-    1 seed"), never a bare "faster"; a row with no pair timed beside its baseline has none ("speed not timed")."""
+    """A row's verdict from its intervals by the stated rules (`dppo.verdicts`, docs/method.md §6.3): its speed-up's
+    ("faster" / "slower" / "speed unresolved", over the pairs timed in turn; one seed says so), then its accuracy's
+    ("higher" / "lower" / "kept" at the margin / "unresolved" with the seeds it would need), which is not drawn
+    when the baseline did not learn."""
     row = df.loc[label]
-    one = math.isnan(row.get("speedup_ci", math.nan))
-    if one:
-        speed = ("faster" if row["speedup"] > 1 else "not faster") + " in 1 seed"
-    else:
-        lo, hi = row["speedup"] - row["speedup_ci"], row["speedup"] + row["speedup_ci"]
-        speed = "faster" if lo > 1 else "slower" if hi < 1 else "speed unresolved"
-    speed = "speed not timed" if math.isnan(row["speedup"]) else speed
-    learned, half = _learned(seeds, baseline)
-    if one or learned - half <= 0:
-        acc = "unresolved"
-    else:
-        glo, ghi = row["acc_gain"] - row["acc_gain_ci"], row["acc_gain"] + row["acc_gain_ci"]
-        acc = "higher" if glo > 0 else "lower" if ghi < 0 else \
-            "kept" if row["acc_gain_ci"] <= KEPT_MARGIN else "unresolved at this power" + _power(row)
+    timed = int(row.get("seeds_timed", row.get("seeds", 1)) or 1)
+    speed = verdicts.speed(Interval.from_summary(row["speedup"], row.get("speedup_ci", math.nan), timed))
+    gain, learning = _gain(seeds, label), _learned(seeds, baseline)
+    acc = verdicts.accuracy(gain, learning)
+    if acc == "kept":
+        acc += f" (lower bound {gain.lo:+.1f} > -{verdicts.MARGIN:g} points)"
+    elif acc == "unresolved" and (need := verdicts.seeds_needed(gain)):
+        acc += f"; {need}"
     return f"{speed}, accuracy {acc}"
-
-
-def _power(row: pd.Series) -> str:
-    """" (~n seeds would resolve ±5)": the seeds whose 95% t half-width, at the standard deviation over seeds the
-    row's gain interval implies, is KEPT_MARGIN points (the interval a "kept" needs)."""
-    from dppo.tables import t_quantile
-
-    n = int(row.get("seeds", 0))
-    if n < 2:
-        return ""
-    sd = row["acc_gain_ci"] * math.sqrt(n) / t_quantile(n - 1)
-    need = next(m for m in range(2, 100_000) if t_quantile(m - 1) * sd / math.sqrt(m) <= KEPT_MARGIN)
-    return f" (~{need} seeds would resolve ±{KEPT_MARGIN:g})"
 
 
 def paired(seeds: pd.DataFrame, a: str, b: str, key: str = "acc/avg") -> tuple[float, float, int]:
     """(mean, 95% t half-width, n) over the seeds both rows ran of row a's `key` minus row b's (NaN half-width for
     one seed): a difference judged by the seeds, not by the means."""
     wide = seeds.pivot_table(index="seed", columns="label", values=key)
-    return _interval((wide[a] - wide[b]).dropna() if a in wide and b in wide else pd.Series(dtype=float))
+    gap = Interval.of((wide[a] - wide[b]).dropna() if a in wide and b in wide else [])
+    return gap.mean, gap.half, gap.n
 
 
 def against_paper(table: str, df: pd.DataFrame, seeds: pd.DataFrame) -> str:
@@ -150,19 +130,32 @@ def against_paper(table: str, df: pd.DataFrame, seeds: pd.DataFrame) -> str:
 def _real(figures: Path, name: str, df: pd.DataFrame, seeds: pd.DataFrame) -> str:
     """Each method's final accuracy: mean ± the 95% interval over its seeds (the table's, `tables.aggregate`), then the
     binomial half-width of the samples pooled over the seeds, labelled as what it is (evaluation noise only); and the
-    time to within one evaluation s.e. of the baseline's final accuracy (equal compute, `tables.reach`)."""
+    time to within one evaluation s.e. of the baseline's final accuracy (equal compute, `tables.reach`) over the seeds
+    whose evaluation grid resolves it, with its verdict (`tables.sooner`)."""
     from dppo.config import TrainConfig
     from dppo.studies import REAL_RUNS
-    from dppo.tables import cell
+    from dppo.tables import cell, sooner
 
-    cfg = TrainConfig.load(ROOT / REAL_RUNS["GRPO"][0], REAL_RUNS["GRPO"][1])
-    samples = cfg.eval_size * cfg.eval_samples * seeds["seed"].nunique()
+    if "eval_n" in seeds:  # the samples each run's final evaluation graded
+        samples = seeds.groupby("label")["eval_n"].sum().min()
+    else:  # a table written before runs logged it: the configs'
+        cfg = TrainConfig.load(ROOT / REAL_RUNS["GRPO"][0], REAL_RUNS["GRPO"][1])
+        samples = cfg.eval_size * cfg.eval_samples * seeds["seed"].nunique()
     between = ", ".join(f"{label} {cell(row['acc/avg'], row['acc/avg_ci'], 1)}" for label, row in df.iterrows())
     noise = max(196 * math.sqrt(p / 100 * (1 - p / 100) / samples) for p in df["acc/avg"])
     eq = pd.read_csv(figures / f"{name}_equal_compute.csv").set_index("label").drop(index="GRPO")
-    reach = "; ".join(f"{label} {_value(row, 'speedup_reach', 'x')} sooner ({int(row['reached'])}/{int(row['seeds'])} "
-                      "seeds)" for label, row in eq.iterrows())
-    return f"Pass@1 over seeds: {between} (evaluation noise ± {noise:.1f}); to GRPO's final accuracy ± 1 s.e.: {reach}"
+    said = []
+    for label, row in eq.iterrows():
+        reached = f"{int(row['reached'])}/{int(row['seeds'])} seeds reached it"
+        if "reach_resolved" not in row:
+            value = f"{_value(row, 'speedup_reach', 'x')} ({reached})"
+        elif int(row["reach_resolved"]):
+            value = f"{_value(row, 'speedup_reach', 'x')} ({reached}, {int(row['reach_resolved'])} resolved by the grid)"
+        else:
+            value = f"({reached}, none resolved by the grid)"
+        said.append(f"{label} {value}: {sooner(eq, label, seeds.loc[seeds['label'] == label, 'speedup_flops'])}")
+    return (f"Pass@1 over seeds: {between} (evaluation noise ± {noise:.1f}); to GRPO's final accuracy ± 1 s.e.: "
+            + "; ".join(said))
 
 
 def _f3(figures: Path) -> str:

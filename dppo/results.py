@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 PROFILES = ("cpu", "paper", "real")  # real: the paper's tables on R1's real model (dppo.studies.real_params)
 CODE_FILE = "code.sha256"  # in each run folder: the hash of the dppo source that trained it
 COMMIT_FILE = "commit.txt"  # and the git commit of that source (`training_commit`): what tables name
+# What a run folder of the real profile keeps in git (.gitignore; no weights): its log, enough to rebuild every table
+# and figure without training (paper_figures) and to be reused by a study whose config and code match (`prepare`)
+LOG_FILES = ("config.yaml", "metrics.jsonl", "machine.json", "in_turn.json", CODE_FILE, COMMIT_FILE)
 # Other work beyond the cores a run left free that makes a step (or a run, on average) contended: a quiet machine reads
 # a few hundredths of a core, one competing CPU-bound process about 1 (docs/engineering.md §5.1; dppo.tables reads it)
 OTHER_CORES_LIMIT = 0.25
@@ -112,14 +115,17 @@ def _trainer_class():
 
 
 def prepare(config: str | Path, output_dir: str | Path, smoke: bool = False, **overrides) -> TrainConfig | None:
-    """The config `run` trains into `output_dir`, its folder made ready (`code.sha256` written; a stale final/
-    removed); None when the folder already holds this run finished by this code."""
+    """The config `run` trains into `output_dir`, its folder made ready (`code.sha256` and `commit.txt` written; a
+    stale final/ removed); None when the folder already holds this run finished by this code (with its weights, or
+    as its committed log: see below)."""
     cfg = _config(config, output_dir, smoke, **overrides)
     out = Path(output_dir)
     before = _saved_config(out)
     code = (out / CODE_FILE).read_text().strip() if (out / CODE_FILE).is_file() else None
     same = before is not None and _same_run(before, cfg, out) and code == code_hash()
-    if (out / "final").is_dir() and same:
+    # finished: its weights are there, or, for a run that keeps nothing after final/ (nothing reads its weights), its
+    # log ends with its final evaluation — the committed run logs (LOG_FILES) of a fresh clone are such runs
+    if ((out / "final").is_dir() or (finished(out) and not cfg.keep_checkpoints_after_final)) and same:
         if not cfg.keep_checkpoints_after_final:  # as the trainer does once final/ is written
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
         return None
@@ -148,8 +154,8 @@ def keep_weights_only(run_dir: str | Path) -> None:
 STORAGE_FIELDS = ("resume", "keep_checkpoints", "keep_checkpoints_after_final")
 # Modules that lay out, read or report runs and never train one (the studies' configs are compared field by field):
 # editing them leaves every trained run valid. Every other module (a new one too) is part of `code_hash`.
-REPORTING_MODULES = ("budget.py", "case_study.py", "figures.py", "readme.py", "reference.py", "results.py", "studies.py",
-                     "tables.py", "variance.py")
+REPORTING_MODULES = ("budget.py", "case_study.py", "figures.py", "protocol.py", "readme.py", "reference.py", "results.py",
+                     "studies.py", "tables.py", "variance.py", "verdicts.py")
 
 
 def _config(config: str | Path, output_dir: str | Path, smoke: bool = False, **overrides) -> TrainConfig:
@@ -162,8 +168,8 @@ def _config(config: str | Path, output_dir: str | Path, smoke: bool = False, **o
 
 def _same_run(before: TrainConfig, cfg: TrainConfig, out: Path) -> bool:
     """Whether the run saved in `out` with config `before` is the run `cfg` asks for (see STORAGE_FIELDS)."""
-    kept = any((out / "checkpoints").glob("step_*"))
-    return (dataclasses.replace(before, **{f: getattr(cfg, f) for f in STORAGE_FIELDS}) == cfg
+    kept = any((out / "checkpoints").glob("step_*"))  # the folder is the run: where the clone lies does not matter
+    return (dataclasses.replace(before, **{f: getattr(cfg, f) for f in (*STORAGE_FIELDS, "output_dir")}) == cfg
             and (kept or not cfg.keep_checkpoints_after_final))
 
 
@@ -433,7 +439,8 @@ PHASES = {"rollout": ("timing_s/rollout", "timing_s/reward"), "scoring": ("timin
 
 
 def summarize(run_dir: str | Path) -> dict:
-    """One row: final accuracy per split and average, the step-0 accuracy (NaN when the run skipped it), train
+    """One row: final accuracy per split and average, the step-0 accuracy (NaN when the run skipped it; both on the
+    evaluation subset too, `acc_subset/*`, where the run evaluated one), train
     seconds / CPU seconds / FLOPs, steps, epochs, tokens, kept fractions, the cores other work took meanwhile and the
     fraction of training time in contended steps (`contended_steps`)."""
     df = load_run(run_dir)
@@ -443,8 +450,12 @@ def summarize(run_dir: str | Path) -> dict:
     start = evals[evals["step"] == 0]
     splits = eval_splits(df)
     row = {f"acc/{s}": evals.iloc[-1].get(f"eval/{s}") for s in splits}  # every split the runs evaluated, in order
+    if "eval_subset/avg" in evals:  # the subset every evaluation sampled (eval_subset_size): the curves' problems
+        row.update({"acc_subset/avg": evals.iloc[-1]["eval_subset/avg"],
+                    "acc_subset/start": start["eval_subset/avg"].iloc[0] if len(start) else float("nan")})
     row.update({
         "acc/avg": evals.iloc[-1]["eval/avg"], "acc/start": start["eval/avg"].iloc[0] if len(start) else float("nan"),
+        "eval_n": float(eval_counts(run_dir, df).loc[evals.index[-1]]),  # the samples the final evaluation graded
         "train_s": float(train["timing_s/step"].sum()), "steps": int(train["step"].max()),
         "train_cpu_s": float(train["cpu_s/step"].sum()) if "cpu_s/step" in train else float("nan"),
         "train_flops": float(train["flops/step"].sum()) if "flops/step" in train else float("nan"),

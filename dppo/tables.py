@@ -25,12 +25,15 @@ accuracy when it trains for the baseline's training time (at its last evaluation
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
 
 from dppo.results import OTHER_CORES_LIMIT, PHASES, eval_counts, load_run, summarize, timed_with
 from dppo.studies import FIGURES, PAPER, PAPER_GAIN, PAPER_SPEEDUP, Table, longer_rows
+from dppo.verdicts import Interval, t_quantile  # noqa: F401  (t_quantile: figures and benches import it here)
+from dppo import verdicts
 
 SPEEDUPS = {"speedup": "train_s", "speedup_cpu": "train_cpu_s", "speedup_flops": "train_flops"}
 TIMED = ("speedup", "speedup_cpu")  # the speed-ups a busy machine moves: contended pairs are left out of their means
@@ -57,8 +60,9 @@ def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str]) -> pd.
         for i, row in enumerate(seeds):
             base = summary[base_of[label]][i]
             row = {"label": label, "seed": _seed_of(runs[label][i], i), **row}
-            if pd.isna(row["acc/start"]):  # the baseline's, else the table's first row's (same initial model)
-                row["acc/start"] = base["acc/start"] if pd.notna(base["acc/start"]) else first[i]["acc/start"]
+            for start in ("acc/start", "acc_subset/start"):  # the baseline's, else the table's first row's (the
+                if start in row and pd.isna(row[start]):  # same initial model, problems and sampling stream)
+                    row[start] = base[start] if pd.notna(base.get(start)) else first[i].get(start, float("nan"))
             # the clock of the baseline that trained beside this row (results.timed_with); FLOPs are the baseline's
             timer, row["timed_with"] = ((runs[label][i], "self") if label == base_of[label]
                                         else timed_with(runs[label][i], runs[base_of[label]][i]))
@@ -115,18 +119,29 @@ def _contended(runs: pd.DataFrame, median_per_thread: float) -> pd.Series:
 
 
 def curve(run_dir: str | Path, start: float = float("nan")) -> pd.DataFrame:
-    """A run's evaluations: step, `acc` (eval/avg, %), `train_s` / `train_flops` spent on training steps up to each
-    and `eval_n`, the samples each graded (results.eval_counts); a run that skipped its step-0 evaluation starts from
-    `start` (its baseline's, at 0 s and 0 FLOPs)."""
+    """A run's evaluations on one set of problems: step, `acc` (%), `train_s` / `train_flops` spent on training steps
+    up to each and `eval_n`, the samples each graded. The set is the subset every evaluation of the run sampled
+    (`eval_subset/avg`, `eval_subset_n`: a run with `eval_subset_size` evaluates only it during training, docs/method.md
+    §6.2), else every problem (`eval/avg`, `eval_n` or results.eval_counts); a run that skipped its step-0 evaluation
+    starts from `start` (its baseline's on the same set, at 0 s and 0 FLOPs)."""
     df = load_run(run_dir)
     df["train_flops"] = df.get("flops/step", pd.Series(0.0, index=df.index)).fillna(0.0).cumsum()
-    df["eval_n"] = eval_counts(run_dir, df)
-    ev = df.dropna(subset=["eval/avg"])
-    out = pd.DataFrame({"step": ev["step"], "acc": ev["eval/avg"] * 100, "train_s": ev["wall_s"],
+    subset = on_subset(df)
+    df["eval_n"] = df["eval_subset_n"].astype(float) if subset else eval_counts(run_dir, df)
+    ev = df.dropna(subset=[CURVE_ACC[subset]])
+    out = pd.DataFrame({"step": ev["step"], "acc": ev[CURVE_ACC[subset]] * 100, "train_s": ev["wall_s"],
                         "train_flops": ev["train_flops"], "eval_n": ev["eval_n"]})
     if not (out["step"] == 0).any() and pd.notna(start):
         out = pd.concat([pd.DataFrame({"step": [0], "acc": [start], "train_s": [0.0], "train_flops": [0.0]}), out])
     return out.reset_index(drop=True)
+
+
+CURVE_ACC = {True: "eval_subset/avg", False: "eval/avg"}  # the accuracy a curve follows (`on_subset`)
+
+
+def on_subset(metrics: pd.DataFrame) -> bool:
+    """Whether a run's curve is its subset's (it logged `eval_subset/avg`): every evaluation sampled the subset."""
+    return "eval_subset/avg" in metrics and "eval_subset_n" in metrics
 
 
 def standard_error(acc: float, n: float) -> float:
@@ -145,6 +160,14 @@ def reach(evals: pd.DataFrame, target: float, tolerance: float = 0.0) -> pd.Seri
     return hit.iloc[0] if len(hit) else None
 
 
+def resolved(evals: pd.DataFrame, hit: pd.Series | None) -> bool:
+    """Whether the evaluation grid resolves a run's time to a target it reached at `hit` (`reach`): an evaluation
+    during training came before it (and did not reach the target). Reached at its first evaluation after training
+    began, a run's time to it is only bounded by the grid — on a grid of steps 8 and 16, any run that gets there by
+    step 8 'takes' step 8's time, and a speed-up to it is the ratio of per-step costs, whatever each learned."""
+    return hit is not None and bool(((evals["step"] > 0) & (evals["step"] < hit["step"])).any())
+
+
 def within(evals: pd.DataFrame, seconds: float) -> pd.Series | None:
     """The last evaluation within `seconds` of training, when the run trained at least that long (else None: it
     stopped before the budget, so its accuracy there is not known)."""
@@ -153,33 +176,40 @@ def within(evals: pd.DataFrame, seconds: float) -> pd.Series | None:
     return evals[evals["train_s"] <= seconds * (1 + 1e-9)].iloc[-1]
 
 
-EQUAL_COMPUTE = {"reached": "within one evaluation s.e. of baseline's final accuracy", "reach_min": "time to it (min)",
+EQUAL_COMPUTE = {"reached": "within one evaluation s.e. of baseline's final accuracy",
+                 "reach_resolved": "times resolved by the grid", "reach_min": "time to it (min)",
                  "speedup_reach": "speed-up to it", "speedup_reach_flops": "speed-up to it (FLOPs)",
                  "budget_frac": "trained (x baseline's time)", "acc_at_budget": "accuracy at baseline's time",
                  "gain_at_budget": "gain at baseline's time"}
 TIMED_EQUAL_COMPUTE = ("reach_min", "speedup_reach", "acc_at_budget", "gain_at_budget")  # a busy pair moves these
+REACH_RATIOS = ("speedup_reach", "speedup_reach_flops")  # defined only where the grid resolves both times
 
 
 def equal_compute(runs: dict[str, list[Path]], baseline: str, seeds: pd.DataFrame) -> pd.DataFrame:
-    """One row per (label, seed), paired with the baseline of the same seed (its final accuracy a = the target, its
-    training time B = the budget, se = standard_error(a, n of that evaluation) the tolerance, `reach_tolerance`):
-    `reached` (some evaluation >= a - se), `reach_min` (training minutes to the first such evaluation),
+    """One row per (label, seed), paired with the baseline of the same seed, on their curves (`curve`: the subset's
+    where the runs evaluated one) (its final accuracy a = the target, its training time B = the budget, se =
+    standard_error(a, n of that evaluation) the tolerance, `reach_tolerance`):
+    `reached` (some evaluation >= a - se), `reach_resolved` (the grid resolves both runs' times to it: `resolved`),
+    `reach_min` (training minutes to the first such evaluation),
     `speedup_reach` / `speedup_reach_flops` (the baseline's own time / FLOPs to its first evaluation >= a - se, over the
     run's), `budget_frac` (training time / B), `acc_at_budget` (% at the last evaluation within B; NaN when the run
     trained less than B) and `gain_at_budget` (that minus a). `seeds`: per_seed()'s frame (acc/start, the pairs'
     contended flags)."""
-    start = seeds.set_index(["label", "seed"])["acc/start"]
-    contended = seeds.set_index(["label", "seed"])["pair_contended"]
+    indexed = seeds.set_index(["label", "seed"])
+    starts = {True: indexed.get("acc_subset/start", indexed["acc/start"] * math.nan), False: indexed["acc/start"]}
+    contended = indexed["pair_contended"]
     rows = []
     for label, dirs in runs.items():
         for i, (d, base_dir) in enumerate(zip(dirs, runs[baseline])):
             seed = _seed_of(d, i)
+            start = starts[on_subset(load_run(d))]
             run, base = curve(d, start[label, seed]), curve(base_dir, start[baseline, seed])
             target, budget = base["acc"].iloc[-1], base["train_s"].iloc[-1]
             se = standard_error(target, base["eval_n"].iloc[-1])
             base_hit, hit, at = reach(base, target, se), reach(run, target, se), within(run, budget)
             rows.append({
                 "label": label, "seed": seed, "reached": hit is not None, "reach_tolerance": se,
+                "reach_resolved": resolved(base, base_hit) and resolved(run, hit),
                 "reach_min": hit["train_s"] / 60 if hit is not None else float("nan"),
                 "speedup_reach": base_hit["train_s"] / hit["train_s"] if hit is not None and hit["train_s"] > 0 else float("nan"),
                 "speedup_reach_flops": base_hit["train_flops"] / hit["train_flops"]
@@ -195,8 +225,12 @@ def equal_compute(runs: dict[str, list[Path]], baseline: str, seeds: pd.DataFram
 def aggregate_equal_compute(rows: pd.DataFrame) -> pd.DataFrame:
     """Per label: `reached` = seeds that reached the target (within its tolerance), `seeds`, `reach_tolerance` the
     mean tolerance (points); every other column's mean and `_ci` over the seeds where it is defined (timed columns:
-    over pairs that were not contended), `<col>_n` how many."""
-    columns = [c for c in EQUAL_COMPUTE if c != "reached"]
+    over pairs that were not contended; the speed-ups to the target over the seeds whose grid resolves them,
+    `reach_resolved` of them), `<col>_n` how many."""
+    columns = [c for c in EQUAL_COMPUTE if c not in ("reached", "reach_resolved")]
+    if "reach_resolved" in rows:  # a speed-up to the target counts only where the grid resolves it (`resolved`)
+        rows = rows.copy()
+        rows.loc[~rows["reach_resolved"].astype(bool), list(REACH_RATIOS)] = math.nan
     out = _mean_and_interval(rows, columns)
     timed = rows[~rows["pair_contended"]]
     quiet = _mean_and_interval(timed, list(TIMED_EQUAL_COMPUTE))
@@ -208,6 +242,8 @@ def aggregate_equal_compute(rows: pd.DataFrame) -> pd.DataFrame:
     counts.loc[quiet.index, list(TIMED_EQUAL_COMPUTE)] = timed.groupby("label", sort=False)[list(TIMED_EQUAL_COMPUTE)].count()
     out = out.join(counts.add_suffix("_n"))
     out["reached"], out["seeds"] = g["reached"].sum().astype(int), g.size()
+    if "reach_resolved" in rows:
+        out["reach_resolved"] = g["reach_resolved"].sum().astype(int)
     if "reach_tolerance" in rows:
         out["reach_tolerance"] = g["reach_tolerance"].mean()
     return out
@@ -219,8 +255,9 @@ def markdown_equal_compute(summary: pd.DataFrame, baseline: str) -> str:
     body = pd.DataFrame(index=summary.index.rename(None))
     for c, name in EQUAL_COMPUTE.items():
         name = name.replace("baseline", baseline)
-        if c == "reached":
-            body[name] = [f"{int(k)}/{int(n)}" for k, n in zip(summary["reached"], summary["seeds"])]
+        if c in ("reached", "reach_resolved"):
+            if c in summary:  # (a table written before the grid's resolution was recorded has no reach_resolved)
+                body[name] = [f"{int(k)}/{int(n)}" for k, n in zip(summary[c], summary["seeds"])]
             continue
         digits = 1 if c.startswith(("acc", "gain")) else 2
         body[name] = [cell(m, ci, digits) + (f" ({int(k)})" if 0 < k < n else "")
@@ -232,13 +269,6 @@ def _seed_of(run_dir: str | Path, i: int) -> int:
     """A run folder's seed: N of `seedN`, else its position in the table's list."""
     name = Path(run_dir).name
     return int(name[4:]) if name.startswith("seed") else i
-
-
-def t_quantile(dof: int) -> float:
-    """t_{0.975, dof}: the two-sided 95% quantile of Student's t."""
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, dof))
 
 
 def aggregate(seeds: pd.DataFrame) -> pd.DataFrame:
@@ -405,29 +435,32 @@ def interval(summary: pd.DataFrame, label: str, col: str) -> tuple[float, float,
     return (m, m, m) if pd.isna(ci) else (m, m - ci, m + ci)
 
 
+def summary_interval(summary: pd.DataFrame, label: str, col: str, n: str = "seeds") -> Interval:
+    """A column's interval as `verdicts` reads it: its mean and `_ci` half-width over the row's `n` seeds."""
+    return Interval.from_summary(summary.loc[label, col], summary.loc[label, f"{col}_ci"], int(summary.loc[label, n]))
+
+
 def learned(summary: pd.DataFrame, label: str) -> str:
-    """Whether a row's training raised its accuracy over the start: "learned", "lost accuracy" or "did not learn
-    (resolvably)" from the interval of `learned` (final - start, points); "one seed" without an interval."""
-    m, lo, hi = interval(summary, label, "learned")
-    if int(summary.loc[label, "seeds"]) < 2:
-        return "one seed"
-    return "learned" if lo > 0 else "lost accuracy" if hi < 0 else "did not learn resolvably"
+    """Whether a row's training raised its accuracy over the start, from the interval of `learned` (final - start,
+    points): `verdicts.learning_word`."""
+    return verdicts.learning_word(summary_interval(summary, label, "learned"))
 
 
 def learning_sentence(summary: pd.DataFrame, baseline: str) -> str:
-    """The baseline's gain over its starting accuracy in words: an accuracy comparison between methods means something
-    only when the baseline learned (its gain's interval above 0)."""
+    """The baseline's gain over its starting accuracy in words: an accuracy comparison between methods is made only
+    when the baseline learned (its gain's interval above 0: docs/method.md §6.3)."""
     m, lo, hi = interval(summary, baseline, "learned")
     verdict = learned(summary, baseline)
     text = (f"**{baseline}** goes from {summary.loc[baseline, 'acc/start']:.1f} to {summary.loc[baseline, 'acc/avg']:.1f} "
             f"Pass@1, {m:+.1f} points" + (f" (95% CI {lo:+.1f} to {hi:+.1f})" if hi > lo else "") + f": {verdict}.")
     if verdict != "learned":
-        text += " The accuracy comparisons of this table cannot be resolved: the baseline did not learn."
+        text += " Baseline did not learn: accuracy not compared."
     return text
 
 
 def sentence(summary: pd.DataFrame, label: str, baseline: str, paper_key: str | None = None) -> str:
-    """What one row shows against its baseline, in words, from the numbers (and against the paper's claim)."""
+    """What one row shows against its baseline, in words, from the numbers (and against the paper's claim); the
+    accuracy word is `verdicts.accuracy`'s."""
     n = int(summary.loc[label, "seeds"])
     sp, lo, hi = interval(summary, label, "speedup")
     g, glo, ghi = interval(summary, label, "acc_gain")
@@ -439,9 +472,9 @@ def sentence(summary: pd.DataFrame, label: str, baseline: str, paper_key: str | 
             f"{cell(summary.loc[baseline, 'acc/avg'], summary.loc[baseline, 'acc/avg_ci'], 1)}, a paired difference "
             f"of {g:+.1f} points")
     if ci:
-        verdict = "indistinguishable from zero" if glo <= 0 <= ghi else ("better" if glo > 0 else "worse")
-        if "learned" in summary.columns and learned(summary, baseline) != "learned":
-            verdict += f"; unresolved: {baseline} did not learn"
+        learning = (summary_interval(summary, baseline, "learned") if "learned" in summary.columns
+                    else Interval(math.inf, 0.0, n))  # a summary without the baseline's learning: taken as learned
+        verdict = verdicts.accuracy(summary_interval(summary, label, "acc_gain"), learning)
         text += f" (95% CI {glo:+.1f} to {ghi:+.1f}: {verdict}), over {n} seeds"
     else:
         text += " (one seed: no interval)"
@@ -456,20 +489,38 @@ def sentence(summary: pd.DataFrame, label: str, baseline: str, paper_key: str | 
     return text
 
 
-def equal_compute_sentences(summary: pd.DataFrame, baseline: str) -> str:
+def sooner(equal: pd.DataFrame, label: str, flops_ratios) -> str:
+    """The time-to-accuracy verdict of a row of an equal-compute summary (`verdicts.sooner`): its speed-up to the
+    baseline's final accuracy over the seeds the grid resolves, and its whole-run FLOPs ratios per seed."""
+    if "reach_resolved" not in equal:  # written before the grid's resolution was recorded: not judged
+        return "time to accuracy not judged (the grid's resolution was not recorded)"
+    n = int(equal.loc[label, "reach_resolved"])
+    return verdicts.sooner(Interval.from_summary(equal.loc[label, "speedup_reach"], equal.loc[label, "speedup_reach_ci"],
+                                                 n) if n else Interval(math.nan, math.nan, 0), flops_ratios)
+
+
+def equal_compute_sentences(summary: pd.DataFrame, baseline: str, flops: dict | None = None) -> str:
     """What the equal-compute table shows, in words: per row, the seeds that came within one evaluation s.e. of the
-    baseline's final accuracy (docs/method.md §6.2) and how much faster; per row that trained for the baseline's time,
-    its accuracy there against the baseline's."""
+    baseline's final accuracy (docs/method.md §6.2), how much faster over the seeds whose grid resolves it, and the
+    verdict (`sooner`; `flops`: {label: the whole-run FLOPs ratios per seed}); per row that trained for the
+    baseline's time, its accuracy there against the baseline's."""
     lines = []
     for label in summary.index.drop(baseline):
         k, n = int(summary.loc[label, "reached"]), int(summary.loc[label, "seeds"])
         se = summary.loc[label, "reach_tolerance"] if "reach_tolerance" in summary else 0.0  # CSVs of earlier code
         text = (f"**{label}** comes within one evaluation s.e." + (f" ({se:.1f} points)" if se > 0 else "")
                 + f" of {baseline}'s final accuracy in {k} of {n} seeds")
-        if k:
+        recorded = "reach_resolved" in summary  # (not in tables written before the grid's resolution was)
+        resolved = int(summary.loc[label, "reach_resolved"]) if recorded else k
+        if k and resolved:
             sp, lo, hi = interval(summary, label, "speedup_reach")
             text += (f", {sp:.2f}x faster than {baseline} gets there" + (f" (95% CI {lo:.2f}-{hi:.2f})" if hi > lo else "")
-                     + f" ({summary.loc[label, 'speedup_reach_flops']:.2f}x in FLOPs)")
+                     + f" ({summary.loc[label, 'speedup_reach_flops']:.2f}x in FLOPs)"
+                     + (f" over the {resolved} seeds the grid resolves" if recorded and resolved < n else ""))
+        elif k:
+            text += ", in no seed at a time the evaluation grid resolves"
+        if flops is not None:
+            text += f": {sooner(summary, label, flops[label])}"
         if pd.notna(summary.loc[label, "acc_at_budget"]):
             g, glo, ghi = interval(summary, label, "gain_at_budget")
             verdict = ("indistinguishable from zero" if glo <= 0 <= ghi else "better" if glo > 0 else "worse") \

@@ -97,3 +97,49 @@ def test_equal_compute_reads_n_from_the_run_and_applies_one_rule_to_both_sides(t
     assert f"within one evaluation s.e. of GRPO's final accuracy or above it (on average {se:.1f} points" in \
         (out / "T1.md").read_text()
     assert pd.read_csv(out / "T1_equal_compute_seeds.csv")["reach_tolerance"].tolist() == pytest.approx([se] * 3)
+
+
+def _subset_run(path, step_s: float, steps: int, acc_at, grid: list[int], subset_n: int = 256):
+    """A run folder evaluated as eval_subset_size makes it: every problem (eval/avg) at step 0 and at its end, the
+    subset (eval_subset/avg, `subset_n` samples) at those and at every step of `grid`; its accuracy at step s is
+    acc_at(s) (%), the same on both sets; each step takes `step_s` s and `step_s` FLOPs."""
+    path.mkdir(parents=True)
+    def evaluation(s, whole):
+        acc = acc_at(s) / 100
+        out = {"eval_subset/avg": acc, "eval_subset_n": subset_n}
+        return {**out, "eval/heldout": acc, "eval/avg": acc, "eval_n": 2 * subset_n} if whole else out
+    rows = [{"step": 0, **evaluation(0, True)}]
+    rows += [{"step": s, "epoch": s / 8, "timing_s/step": step_s, "cpu_s/step": step_s, "flops/step": step_s,
+              "tokens/generated": 1, "tokens/trained": 1, "kept/prompt_frac": 1.0, "kept/completion_frac": 1.0,
+              "density/valid_token": 1.0, "load/other_cores": 0.02,
+              **(evaluation(s, s == steps) if s in grid or s == steps else {})} for s in range(1, steps + 1)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_the_old_two_point_grid_fakes_sooner_and_the_new_rule_does_not(tmp_path):
+    """The artefact of T1 at main f140c55 on synthetic curves: GRPO (20 s a step) reaches its plateau of 55% at step
+    4, DPPO (10 s a step: half the work) at step 8 — the same 80 s of training, so DPPO gets there no sooner. Evaluated
+    at steps 8 and 16 only, both first score it at step 8, and the speed-up to GRPO's accuracy is the per-step cost
+    ratio, 2.00x in every seed: "sooner" by the old reading. On the new grid (every 2 steps, on the subset) the times
+    resolve: 1.00x, no "sooner"; on the old grid the new rule finds GRPO's time unresolved (it scored the target at its
+    first evaluation) and draws no verdict."""
+    def grpo(s):
+        return 20 + 35 * min(s, 4) / 4
+
+    def dppo(s):
+        return 20 + 35 * min(s, 8) / 8
+    verdict = {}
+    for name, grid in (("old", [8]), ("new", list(range(2, 16, 2)))):
+        runs = {"GRPO": [_subset_run(tmp_path / name / f"g/seed{s}", 20.0, 16, grpo, grid) for s in range(3)],
+                "DPPO": [_subset_run(tmp_path / name / f"d/seed{s}", 10.0, 15, dppo, grid) for s in range(3)]}
+        rows = tables.equal_compute(runs, "GRPO", tables.per_seed(runs, "GRPO"))
+        summary = tables.aggregate_equal_compute(rows)
+        ratios = rows.set_index("label").loc["DPPO", "speedup_reach"].tolist()
+        verdict[name] = (ratios, int(summary.loc["DPPO", "reach_resolved"]),
+                         tables.sooner(summary, "DPPO", [2.0] * 3))
+    ratios, resolved, said = verdict["old"]
+    assert ratios == pytest.approx([2.0] * 3)  # the old reading: 2.00x "sooner" in 3/3 seeds
+    assert resolved == 0 and said == "time to accuracy not resolved by the evaluation grid"
+    ratios, resolved, said = verdict["new"]
+    assert ratios == pytest.approx([1.0] * 3) and resolved == 3 and said == "time to accuracy unresolved"
