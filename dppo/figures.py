@@ -10,7 +10,7 @@ import pandas as pd
 
 from dppo.results import load_run
 from dppo.studies import FIGURES, RESULTS, T4_RUNS
-from dppo.tables import t_quantile
+from dppo.tables import curve, on_subset, t_quantile
 
 
 def save_figure(fig, name: str, out: Path = FIGURES) -> list[Path]:
@@ -43,24 +43,25 @@ def band(curves: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 def figure_f2(runs: dict[str, list[Path]], baseline: str = "GRPO", name: str = "F2_training_curves",
               out: Path = FIGURES, accuracy_label: str = "Pass@1 (%), mean of 6 splits"):
     """Held-out accuracy and training reward against training wall-clock, one line per method: the mean over seeds
-    with a 95% band. Accuracy: at each evaluation (the step-0 point is the baseline's of the same seed when a run
-    skipped it), x = the mean wall-clock of that evaluation. Reward: 15-step moving average, each seed interpolated
+    with a 95% band. Accuracy: at each evaluation, on the problems every evaluation of the run sampled (`tables.curve`:
+    the subset where the runs evaluated one; the step-0 point is the baseline's of the same seed when a run skipped
+    it), x = the mean wall-clock of that evaluation. Reward: 15-step moving average, each seed interpolated
     onto a common wall-clock grid up to the shortest seed's end. A dashed line marks the baseline's final accuracy
     (the target of T1's equal-compute columns). Bands: 95% Student-t intervals over the n seeds. The training reward is
     averaged over the prompts each method rolled out, which pruning changes: it compares a method with itself over time,
     not methods with each other (held-out accuracy does that)."""
     plt = _plt()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    subset = False  # whether the curves are on the evaluation subset (eval_subset_size: every evaluation samples it)
     for (label, dirs), color in zip(runs.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
         xs, accs, rewards = [], [], []
         for seed, d in enumerate(dirs):
             df = load_run(d)
-            ev = df.dropna(subset=["eval/avg"])
-            if not (ev["step"] == 0).any():
-                start = load_run(runs[baseline][seed]).dropna(subset=["eval/avg"]).iloc[:1]
-                ev = pd.concat([start.assign(wall_s=0.0), ev])
-            xs.append(ev["wall_s"].to_numpy() / 60)
-            accs.append(ev["eval/avg"].to_numpy() * 100)
+            start = curve(runs[baseline][seed]).query("step == 0")["acc"]  # the initial model's, on the same set
+            ev = curve(d, start.iloc[0] if len(start) else float("nan"))
+            subset |= on_subset(df)
+            xs.append(ev["train_s"].to_numpy() / 60)
+            accs.append(ev["acc"].to_numpy())
             train = df[df["step"] > 0]
             rewards.append((train["wall_s"].to_numpy() / 60, train["reward"].rolling(15, min_periods=1).mean().to_numpy()))
         k = min(len(a) for a in accs)
@@ -75,6 +76,7 @@ def figure_f2(runs: dict[str, list[Path]], baseline: str = "GRPO", name: str = "
         ax2.plot(grid, mean, color=color, label=label)
         ax2.fill_between(grid, mean - half, mean + half, color=color, alpha=0.15, lw=0)
     n = sorted({len(d) for d in runs.values()})
+    accuracy_label += ", evaluation subset" if subset else ""
     ax1.set(xlabel="training wall-clock (min)", ylabel=accuracy_label,
             title=f"held-out accuracy (mean, 95% t-band over n = {'/'.join(map(str, n))} seeds)")
     ax2.set(xlabel="training wall-clock (min)", ylabel="mean reward (15-step moving avg)",

@@ -171,3 +171,37 @@ def markdown(table: pd.DataFrame) -> str:
             "GRPO learned": f"{r['grpo_learned']:+.1f} ± {fmt(r['grpo_learned_ci'])}",
         })
     return pd.DataFrame(rows).to_markdown(index=False)
+
+
+def decision(chosen: pd.Series, margin: float = MARGIN) -> str:
+    """The protocol chosen, in words: the lever and reading, the seeds and hours its ±margin half-width takes at the
+    s.d. measured (and over that s.d.'s 95% interval), and whether that fits the budget; otherwise what it would take."""
+    what = (f"lever {chosen['lever']}, {chosen['what']}: paired s.d. {chosen['sd']:.1f} points over "
+            f"{int(chosen['seeds'])} seeds (95% interval {chosen['sd_lo']:.1f}-{chosen['sd_hi']:.1f}); a ±{margin:g} "
+            f"half-width takes {int(chosen['seeds_half_width'])} seeds "
+            f"({int(chosen['seeds_half_width_lo'])}-{int(chosen['seeds_half_width_hi'])} over that interval), "
+            f"{chosen['hours_half_width']:.1f} h at {chosen['pair_min']:.0f} min a pair; 80% power to detect "
+            f"{margin:g} points takes {int(chosen['seeds_power'])} seeds")
+    verdict = "within" if chosen["within_budget"] else "beyond"
+    return f"**Chosen: {what}** — {verdict} the budget for the headline pair."
+
+
+def write(runs: dict[str, list[Path]], levers: dict, pair_rows: pd.DataFrame, table: pd.DataFrame, out: Path,
+          budget_hours: float = 3.0) -> pd.Series:
+    """figures/<real>/P1_protocol.csv (the readings), P1_protocol_pairs.csv (per lever and seed) and P1_protocol.md
+    (caption with the levers' fields and the commit the runs trained at, the table, the choice); returns the chosen
+    reading (`choose`)."""
+    from dppo.tables import machines, trained_at
+
+    out.mkdir(parents=True, exist_ok=True)
+    chosen = choose(table, budget_hours)
+    table.to_csv(out / "P1_protocol.csv", index=False)
+    pair_rows.to_csv(out / "P1_protocol_pairs.csv", index=False)
+    said = "; ".join(f"{k}: lr {f['lr']:g} {f.get('lr_scheduler_type', 'constant')}, {f['train_size']} problems x "
+                     f"{f['epochs']:g} epochs" for k, f in levers.items())
+    caption = ("**P1_protocol.** Which setup lets GRPO vs DPPO accuracy resolve on SmolLM2-135M-Instruct (the "
+               "arithmetic task, 8 prompts x 8 completions, both padding-free, each lever's pair in turn per seed; "
+               f"docs/method.md §6.4). Levers: {said}. Minutes a pair: both runs' training and evaluation."
+               + machines(runs) + trained_at(runs))
+    (out / "P1_protocol.md").write_text("\n".join([caption, "", markdown(table), "", decision(chosen), ""]))
+    return chosen

@@ -1,7 +1,8 @@
 """The README's results tables, generated from the committed tables and figure data so that each number has one
-source (tests/test_readme.py checks that the pages carry exactly these tables): the real model's (`figures/real/`,
-`./reproduce.sh` and `--profile real`) in README.md, the embedded default's and R1's (`figures/T*.csv`, `F3_*.csv`,
-`F4_packing.csv`, `--profile cpu` and `--study real_model`) in docs/results.md. `python -m dppo.readme` (and
+source (tests/test_readme.py checks that the pages carry exactly these blocks, `blocks`): the real model's main table
+(`figures/real/`, `./reproduce.sh`) in README.md and all its tables (`--profile real`) in docs/results.md, each with
+the commit its runs trained at, and the embedded default's and R1's (`figures/T*.csv`, `F3_*.csv`, `F4_packing.csv`,
+`--profile cpu` and `--study real_model`) in docs/results.md. `python -m dppo.readme` (and
 `./reproduce.sh`, at its end) rewrites both in place after `./reproduce.sh` has regenerated the tables."""
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ BEGIN = "<!-- results-table: generated from figures/*.csv by `.venv/bin/python -
 END = "<!-- /results-table -->"
 REAL_BEGIN = "<!-- real-results-table: generated from figures/real/*.csv by `.venv/bin/python -m dppo.readme` -->"
 REAL_END = "<!-- /real-results-table -->"
-# page -> (its block's markers, the figures folder its table is generated from)
-PAGES = {"README.md": (REAL_BEGIN, REAL_END, "figures/real"), "docs/results.md": (BEGIN, END, "figures")}
+ALL_REAL_BEGIN = "<!-- all-real-results-table: generated from figures/real/*.csv by `.venv/bin/python -m dppo.readme` -->"
+ALL_REAL_END = "<!-- /all-real-results-table -->"
+README_TABLES = ("T1",)  # the README's: the main table ./reproduce.sh makes; docs/results.md has every one
 # T5's FLOPs speed-up drops by more than this share before a cell with higher rates counts as below one with lower
 # rates: each cell's rollouts are its own (the real T1's DPPO FLOPs speed-up over its seeds: docs/results.md, R1)
 MONOTONE_MARGIN = 0.05
@@ -221,18 +223,36 @@ def _f5(figures: Path) -> tuple[str, str]:
     return what, said
 
 
-def results_table(figures: Path = ROOT / "figures") -> str:
+def provenance(figures: Path) -> str:
+    """Where each table of `figures` comes from: the commit its runs trained at (their `commit.txt`, in the table's
+    per-seed CSV), grouped — "T1: 4 seeds, trained at commit c849ab1b8111 (run logs in experiments/results/real/)" —
+    or that its runs trained before runs recorded it (no logs committed)."""
+    said: dict[str, list[str]] = {}
+    for table, recipe in TABLES.items():
+        path = figures / f"{recipe.name}_seeds.csv"
+        if not path.is_file():
+            continue
+        seeds = pd.read_csv(path)
+        commits = sorted(set(seeds["commit"])) if "commit" in seeds else ["unrecorded"]
+        where = ("trained before runs recorded their commit (no run logs)" if commits == ["unrecorded"] else
+                 f"trained at commit {', '.join(commits)} (run logs under experiments/results/"
+                 f"{'real/' if figures.name == 'real' else ''})")
+        said.setdefault(where, []).append(f"{table} ({seeds['seed'].nunique()} seeds)")
+    return "Provenance: " + "; ".join(f"{', '.join(tables)}: {where}" for where, tables in said.items()) + "."
+
+
+def results_table(figures: Path = ROOT / "figures", keys: tuple[str, ...] | None = None) -> str:
     """Markdown table: per table of the study registry (`dppo.studies.TABLES`: T1-T5, R1 on the real model) that
-    `figures` holds, its seeds, what dppo measured at CPU scale, the verdict and what the paper reports; then F3 (one
-    batch for the variance and bias, 10 for the proportional rule), F4 (one step) and F5 (one problem) where it holds
-    them. Tables on the real model (R1; every table of figures/real) also give each method's accuracy and the time to
-    GRPO's."""
+    `figures` holds (only `keys`, when given), its seeds, what dppo measured at CPU scale, the verdict and what the
+    paper reports; then, without `keys`, F3 (one batch for the variance and bias, 10 for the proportional rule), F4
+    (one step) and F5 (one problem) where it holds them. Tables on the real model (R1; every table of figures/real)
+    also give each method's accuracy and the time to GRPO's."""
     lines = ["| table | seeds | measured here (vs the row's GRPO-family baseline) | verdict | paper (GPU scale) |",
              "| --- | --- | --- | --- | --- |"]
     quoted: dict[str, str] = {}  # a claim of the paper -> the first row that quoted it (later rows say "as R1")
     for table, recipe in TABLES.items():
         name, base_of = recipe.name, recipe.baseline
-        if not (figures / f"{name}.csv").is_file():
+        if not (figures / f"{name}.csv").is_file() or (keys is not None and table not in keys):
             continue
         df = pd.read_csv(figures / f"{name}.csv").set_index("label")
         per_seed = pd.read_csv(figures / f"{name}_seeds.csv")
@@ -263,6 +283,8 @@ def results_table(figures: Path = ROOT / "figures") -> str:
         paper = f"as {quoted[PAPER[table]]}" if PAPER[table] in quoted else PAPER[table]
         quoted.setdefault(PAPER[table], table)
         lines.append(f"| {table} | {seeds} | {what} | {said} | {paper} |")
+    if keys is not None:
+        return "\n".join(lines)
     if (figures / "F3_gradient_variance.csv").is_file():
         lines.append(f"| F3 | - | {_f3(figures)} | {_f3_verdict(figures)} | {PAPER['F3']} |")
     if (figures / "F4_packing.csv").is_file():
@@ -279,11 +301,20 @@ def with_table(text: str, table: str, begin: str = BEGIN, end: str = END) -> str
     return f"{head}{begin}\n{table}\n{end}{tail}"
 
 
+def blocks() -> list[tuple[str, str, str, str]]:
+    """(page, begin marker, end marker, generated text) of every generated block: the README's main table with its
+    provenance (figures/real), docs/results.md's every real table with theirs, and the embedded default's (figures/)."""
+    real = ROOT / "figures" / "real"
+    return [("README.md", REAL_BEGIN, REAL_END, results_table(real, README_TABLES) + "\n\n" + provenance(real)),
+            ("docs/results.md", ALL_REAL_BEGIN, ALL_REAL_END, results_table(real) + "\n\n" + provenance(real)),
+            ("docs/results.md", BEGIN, END, results_table(ROOT / "figures"))]
+
+
 def main() -> None:
-    for page, (begin, end, figures) in PAGES.items():
+    for page, begin, end, text in blocks():
         path = ROOT / page
-        path.write_text(with_table(path.read_text(), results_table(ROOT / figures), begin, end))
-        print(f"{path}: results table rewritten from {figures}/")
+        path.write_text(with_table(path.read_text(), text, begin, end))
+        print(f"{path}: a generated block rewritten ({begin.split(':')[0][5:]})")
 
 
 if __name__ == "__main__":

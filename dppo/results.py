@@ -456,6 +456,9 @@ def summarize(run_dir: str | Path) -> dict:
     row.update({
         "acc/avg": evals.iloc[-1]["eval/avg"], "acc/start": start["eval/avg"].iloc[0] if len(start) else float("nan"),
         "eval_n": float(eval_counts(run_dir, df).loc[evals.index[-1]]),  # the samples the final evaluation graded
+        # the commit of the code that trained it (`prepare`; tables name it), "unrecorded" for runs of earlier code
+        "commit": (Path(run_dir) / COMMIT_FILE).read_text().strip() if (Path(run_dir) / COMMIT_FILE).is_file()
+        else "unrecorded",
         "train_s": float(train["timing_s/step"].sum()), "steps": int(train["step"].max()),
         "train_cpu_s": float(train["cpu_s/step"].sum()) if "cpu_s/step" in train else float("nan"),
         "train_flops": float(train["flops/step"].sum()) if "flops/step" in train else float("nan"),

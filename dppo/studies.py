@@ -113,6 +113,38 @@ class Study:
     cpu_minutes: float = 0.0  # measured on 2 CPU cores at the CPU profile (./reproduce.sh --study NAME prints it)
 
 
+# The real-model protocol (docs/method.md §6.4): which setup lets a paired accuracy difference of GRPO and DPPO resolve
+# (a 95% half-width of PROTOCOL_MARGIN points). Each lever is a setup trained as a GRPO-DPPO pair, in turn, on
+# PROTOCOL_SEEDS, evaluated every 2 steps on the first 128 held-out problems of the seed (the same for both methods)
+# and at the start and the end on all 256; what a lever changes against today's setup (a) is its entry here. The
+# levers that need no training of their own are read from these runs (dppo.protocol): the mean of the last k
+# evaluations (c), more evaluation samples (d: the sampling variance each evaluation logs), training on (e: the paired
+# difference at half the run against the end).
+PROTOCOL_SEEDS = (0, 1, 2, 3)
+PROTOCOL_EVAL = {"eval_every": 2, "eval_subset_size": 128}
+PROTOCOL_LEVERS = {
+    "a": {"train_size": 64, "epochs": 2, "lr": 3e-5, "lr_scheduler_type": "constant"},  # today's (R1, T1)
+    "b": {"train_size": 128, "epochs": 2, "lr": 2e-5, "lr_scheduler_type": "cosine"},  # lower, decaying, 2x problems
+}
+
+
+def protocol_runs(levers: dict = PROTOCOL_LEVERS) -> dict:
+    """The protocol's layout: 'GRPO, lever k' and 'DPPO, lever k' (R1's configs) with lever k's fields, R1's setup
+    otherwise, under protocol/<k>/; only the first lever's GRPO evaluates the initial model (a seed's held-out problems
+    do not depend on the lever: every run of the seed would evaluate the same model on them with the same stream)."""
+    setup = {**REAL_SETUP, **PROTOCOL_EVAL, "keep_checkpoints_after_final": False}
+    first = next(iter(levers))
+    return {f"{method}, lever {k}": (f"experiments/cpu/real_{method.lower()}.yaml",
+                                     {**setup, **fields, **({} if (k, method) == (first, "GRPO") else _NO_START)},
+                                     f"protocol/{k}/{method.lower()}")
+            for k, fields in levers.items() for method in ("GRPO", "DPPO")}
+
+
+def protocol_baseline(label: str) -> str:
+    """'DPPO, lever k' against 'GRPO, lever k'."""
+    return label.replace("DPPO", "GRPO", 1)
+
+
 # In the order ./reproduce.sh runs them (case_study reads main_results' checkpoints; paper_figures comes last).
 STUDIES = (
     Study("main_results", "T1 and F2: GRPO, GRESO, CPPO and DPPO",
@@ -138,6 +170,10 @@ STUDIES = (
           (Table("R1", "R1_real_model", grpo_same_layout, at_equal_compute=True,
                  layout_rows=(f"GRPO{SHARED}", f"DPPO{SHARED}")),), ("R1_real_model_curves",), seeds=(0, 1, 2),
           in_default_run=False, cpu_minutes=80),
+    # the real-model protocol (docs/method.md §6.4): which setup resolves GRPO vs DPPO accuracy; always on the real
+    # model, only by name (~4 h on 2 cores: 2 levers x 2 methods x 4 seeds, evaluated every 2 steps; 2026-12-06)
+    Study("protocol", "P1: the real-model protocol, which setup resolves GRPO vs DPPO accuracy", (), (),
+          seeds=PROTOCOL_SEEDS, in_default_run=False, cpu_minutes=240),
 )
 BY_NAME = {s.name: s for s in STUDIES}
 # What ./reproduce.sh --profile cpu (or paper) runs without --study (the same list); paper_figures asks for
@@ -217,38 +253,6 @@ REAL_CAPTION = ("A real pretrained LLM on CPU: SmolLM2-135M-Instruct (134.5 M pa
                 "both methods padding-free (rows ', shared prompts': dppo's shared-prompt layout). Accuracy: "
                 "final Pass@1 (%) on each seed's 256 held-out problems x 2 samples; start: the base model's; time: "
                 "training-step minutes (evaluation excluded); speed-up vs GRPO at equal epochs, paired by seed.")
-
-
-# The real-model protocol (docs/method.md §6.4): which setup lets a paired accuracy difference of GRPO and DPPO resolve
-# (a 95% half-width of PROTOCOL_MARGIN points). Each lever is a setup trained as a GRPO-DPPO pair, in turn, on
-# PROTOCOL_SEEDS, evaluated every 2 steps on the first 128 held-out problems of the seed (the same for both methods)
-# and at the start and the end on all 256; what a lever changes against today's setup (a) is its entry here. The
-# levers that need no training of their own are read from these runs (dppo.protocol): the mean of the last k
-# evaluations (c), more evaluation samples (d: the sampling variance each evaluation logs), training on (e: the paired
-# difference at half the run against the end).
-PROTOCOL_SEEDS = (0, 1, 2, 3)
-PROTOCOL_EVAL = {"eval_every": 2, "eval_subset_size": 128}
-PROTOCOL_LEVERS = {
-    "a": {"train_size": 64, "epochs": 2, "lr": 3e-5, "lr_scheduler_type": "constant"},  # today's (R1, T1)
-    "b": {"train_size": 128, "epochs": 2, "lr": 2e-5, "lr_scheduler_type": "cosine"},  # lower, decaying, 2x problems
-}
-
-
-def protocol_runs(levers: dict = PROTOCOL_LEVERS) -> dict:
-    """The protocol's layout: 'GRPO, lever k' and 'DPPO, lever k' (R1's configs) with lever k's fields, R1's setup
-    otherwise, under protocol/<k>/; only the first lever's GRPO evaluates the initial model (a seed's held-out problems
-    do not depend on the lever: every run of the seed would evaluate the same model on them with the same stream)."""
-    setup = {**REAL_SETUP, **PROTOCOL_EVAL, "keep_checkpoints_after_final": False}
-    first = next(iter(levers))
-    return {f"{method}, lever {k}": (f"experiments/cpu/real_{method.lower()}.yaml",
-                                     {**setup, **fields, **({} if (k, method) == (first, "GRPO") else _NO_START)},
-                                     f"protocol/{k}/{method.lower()}")
-            for k, fields in levers.items() for method in ("GRPO", "DPPO")}
-
-
-def protocol_baseline(label: str) -> str:
-    """'DPPO, lever k' against 'GRPO, lever k'."""
-    return label.replace("DPPO", "GRPO", 1)
 
 
 def longer_rows(layout: dict) -> tuple[str, ...]:

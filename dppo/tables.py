@@ -276,7 +276,8 @@ def aggregate(seeds: pd.DataFrame) -> pd.DataFrame:
     count; the wall-clock and CPU speed-ups over the pairs that were not contended and did not train apart
     (`seeds_timed` of them; all that did not train apart when every pair was contended), `contended` the number of
     contended pairs, `apart` of pairs that trained apart (`results.timed_with`: their timed speed-ups are NaN)."""
-    numeric = [c for c in seeds.columns if c not in ("label", "seed", "contended", "pair_contended", "timed_with")]
+    numeric = [c for c in seeds.columns if c not in ("label", "seed", "contended", "pair_contended", "timed_with",
+                                                     "commit")]
     if "pair_contended" not in seeds:
         seeds = seeds.assign(pair_contended=False)
     out = _mean_and_interval(seeds, numeric)
@@ -370,7 +371,8 @@ def table(runs: dict[str, list[Path]], baseline: str | dict[str, str], name: str
     seeds = per_seed(equal_epochs, baseline)
     if not cpu_columns:
         seeds = seeds.assign(contended=False, pair_contended=False)
-    summary = write(seeds, name, caption + machines(equal_epochs), paper_key, out, cpu_columns)
+    summary = write(seeds, name, caption + machines(equal_epochs) + trained_at(equal_epochs), paper_key, out,
+                    cpu_columns)
     if at_equal_compute:
         main = baseline if isinstance(baseline, str) else baseline[next(iter(runs))]
         same = {label: dirs for label, dirs in runs.items() if isinstance(baseline, str) or label in longer
@@ -427,6 +429,21 @@ def machines(runs: dict[str, list[Path]]) -> str:
             if text not in seen:
                 seen.append(text)
     return f" Machine: {'; '.join(seen)}." if seen else ""
+
+
+def trained_at(runs: dict[str, list[Path]]) -> str:
+    """' Trained at commit <c> (code sha256 <h>...).' from the runs' commit.txt and code.sha256 (`results.prepare`),
+    each distinct one once; runs without them (trained before dppo recorded them) are counted as such."""
+    from dppo.results import CODE_FILE, COMMIT_FILE
+
+    dirs = [Path(d) for ds in runs.values() for d in ds]
+    commits = sorted({(d / COMMIT_FILE).read_text().strip() for d in dirs if (d / COMMIT_FILE).is_file()})
+    codes = sorted({(d / CODE_FILE).read_text().strip()[:12] for d in dirs if (d / CODE_FILE).is_file()})
+    unrecorded = sum(not (d / COMMIT_FILE).is_file() for d in dirs)
+    text = (f" Trained at commit {', '.join(commits)} (code sha256 {', '.join(codes)}...)" if commits else "")
+    text += (f"{';' if commits else ''} {unrecorded} of {len(dirs)} runs trained before runs recorded their commit"
+             if unrecorded else "")
+    return text + "." if text else ""
 
 
 def interval(summary: pd.DataFrame, label: str, col: str) -> tuple[float, float, float]:

@@ -116,6 +116,14 @@ if (root / "packing" / "packing.csv").is_file():
     figures.figure_f4(root / "packing", root, out=out)
 elif "packing" in names:
     missing.append(str(root / "packing"))
+protocol_runs = studies.run_dirs(studies.protocol_runs(), studies.PROTOCOL_SEEDS, results.study_root(results_dir, smoke,
+                                                                                                  "real"))
+if profile == "real" and all(results.finished(d) for dirs in protocol_runs.values() for d in dirs):  # P1, from its logs
+    from dppo import protocol
+
+    protocol_pairs = protocol.pairs(protocol_runs, studies.PROTOCOL_LEVERS)
+    protocol.write(protocol_runs, studies.PROTOCOL_LEVERS, protocol_pairs, protocol.readings(protocol_pairs), out)
+    built["P1"] = protocol_pairs
 if (root / "case_study.csv").is_file():
     figures.figure_f5(pd.read_csv(root / "case_study.csv"), out=out)
 elif "case_study" in names:
@@ -141,6 +149,8 @@ for study in studies.STUDIES:
     for name in study.figures:
         if (out / f"{name}.png").is_file():
             display(Image(filename=str(out / f"{name}.png")))
+    if study.name == "protocol" and (out / "P1_protocol.md").is_file():
+        display(Markdown((out / "P1_protocol.md").read_text()))
 display(Markdown("### F1: the method"), Image(filename=str(out / f"{studies.FIGURE_F1}.png")))
 
 # %%

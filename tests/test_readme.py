@@ -7,26 +7,27 @@ from pathlib import Path
 
 import numpy as np
 
-from dppo.readme import PAGES, REAL_BEGIN, results_table, with_table
+from dppo.readme import README_TABLES, REAL_BEGIN, blocks, results_table, with_table
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
 
 def test_readme_results_table_is_generated_from_the_figures_tables():
-    """README.md carries the real model's table (figures/real/), docs/results.md the embedded default's and R1's
-    (figures/), each exactly as generated; the embedded one has every table and figure row of the registry."""
+    """README.md carries the real model's main table and where it comes from (figures/real/), docs/results.md every
+    real table and the embedded default's (figures/), each block exactly as generated; the embedded one has every table
+    and figure row of the registry."""
     from dppo.studies import TABLES
 
-    for page, (begin, end, figures) in PAGES.items():
-        text = (ROOT / page).read_text()
-        assert text.count(begin) == 1 and text.count(end) == 1, page
-        assert with_table(text, results_table(ROOT / figures), begin, end) == text, \
-            f"{page}'s table differs: run `python -m dppo.readme`"
+    for page, begin, end, text in blocks():
+        page_text = (ROOT / page).read_text()
+        assert page_text.count(begin) == 1 and page_text.count(end) == 1, page
+        assert with_table(page_text, text, begin, end) == page_text, f"{page}'s block differs: run `python -m dppo.readme`"
     embedded = results_table(ROOT / "figures")
     assert all(f"| {key} |" in embedded for key in [*TABLES, "F3", "F4"])
-    real = results_table(ROOT / "figures" / "real")
+    real = results_table(ROOT / "figures" / "real", README_TABLES)
     assert "| T1 |" in real and "Pass@1 over seeds: GRPO" in real and README.index(REAL_BEGIN) < README.index("## Train")
+    assert "| T2 |" not in real and "Provenance: T1 (" in README
 
 
 def test_results_table_carries_every_tables_numbers(tmp_path):

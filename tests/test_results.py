@@ -448,3 +448,68 @@ def test_each_rows_training_time_is_split_by_phase(tmp_path):
     md = tables.markdown(summary)
     assert "rollout / scoring / update (min)" in md
     assert "1.00 / 0.00 / 3.00" in md and "0.80 / 0.20 / 1.20" in md, md
+
+
+def test_a_committed_run_log_is_reused_without_its_weights_wherever_the_clone_lies(tmp_path, monkeypatch, embedded):
+    """A fresh clone holds a real-profile run as its committed log (results.LOG_FILES; no final/, no checkpoints):
+    a study whose config and code match reuses it instead of training again, wherever the clone lies (config.yaml's
+    output_dir is another path there); other code, a log cut short, or a config that keeps checkpoints after final/
+    (the case study reads them) trains again."""
+    out, fits = tmp_path / "a" / "run", []
+    fit = Trainer.fit
+    monkeypatch.setattr(Trainer, "fit", lambda self: (fits.append(1), fit(self))[1])
+    results.run("experiments/cpu/grpo.yaml", out, smoke=True)
+    clone = tmp_path / "elsewhere" / "run"
+    clone.mkdir(parents=True)
+    for name in results.LOG_FILES:  # what git keeps of it
+        if (out / name).is_file():
+            shutil.copy(out / name, clone / name)
+    assert {p.name for p in clone.iterdir()} >= {"config.yaml", "metrics.jsonl", "machine.json", results.CODE_FILE,
+                                                 results.COMMIT_FILE}
+    assert results.prepare("experiments/cpu/grpo.yaml", clone, smoke=True) is None  # reused: nothing to train
+    assert len(fits) == 1
+    cut = tmp_path / "cut" / "run"
+    shutil.copytree(clone, cut)
+    lines = (cut / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (cut / "metrics.jsonl").write_text("".join(lines[:-1]))  # the final evaluation's line lost: not finished
+    assert results.prepare("experiments/cpu/grpo.yaml", cut, smoke=True) is not None
+    assert results.prepare("experiments/cpu/grpo.yaml", clone, smoke=True, keep_checkpoints_after_final=True) \
+        is not None  # needs checkpoints a log does not keep
+    shutil.rmtree(clone)
+    shutil.copytree(out, clone, ignore=shutil.ignore_patterns("final", "checkpoints"))
+    monkeypatch.setattr(results, "code_hash", lambda: "0" * 64)  # the package's source changed since
+    assert results.prepare("experiments/cpu/grpo.yaml", clone, smoke=True) is not None
+
+
+def test_the_training_commit_says_when_the_training_code_differs_from_it(tmp_path):
+    """commit.txt names the commit the training code comes from: HEAD, '+modified' when a module that trains (not a
+    REPORTING_MODULES one) is edited or added and not committed; 'unknown' outside git."""
+    pkg = tmp_path / "repo" / "dppo"
+    pkg.mkdir(parents=True)
+    (pkg / "trainer.py").write_text("x = 1\n")
+    (pkg / "tables.py").write_text("y = 1\n")
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(pkg.parent), *args], check=True, capture_output=True)
+    git("init", "-q")
+    git("-c", "user.email=a@b", "-c", "user.name=a", "add", ".")
+    git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "one")
+    head = subprocess.run(["git", "-C", str(pkg), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+
+    def commit():
+        results.training_commit.cache_clear()
+        return results.training_commit(pkg)
+    assert commit() == head
+    (pkg / "tables.py").write_text("y = 2\n")  # a reporting module: the training code is still HEAD's
+    assert commit() == head
+    (pkg / "trainer.py").write_text("x = 2\n")
+    assert commit() == f"{head}+modified"
+    (pkg / "trainer.py").write_text("x = 1\n")
+    (pkg / "new_module.py").write_text("z = 1\n")  # a new module trains until it is listed as reporting
+    assert commit() == f"{head}+modified"
+    results.training_commit.cache_clear()
+    outside = tmp_path / "plain" / "dppo"
+    outside.mkdir(parents=True)
+    assert results.training_commit(outside) == "unknown"
+    results.training_commit.cache_clear()
