@@ -1,0 +1,99 @@
+"""Every number of a committed real-model table traces to committed run logs (docs/method.md §6.1): the runs behind it
+keep, in git, their config, metrics, machine, in-turn record, code hash and commit (dppo.results.LOG_FILES; no
+weights), and the table, P1 and the README's row rebuild from those logs alone, without training, to the same files."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dppo import readme, results, studies, tables
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL = ROOT / "figures" / "real"
+STUDY_OF = {t.key: s.name for s in studies.STUDIES for t in s.tables}
+
+
+def _logged(recipe: studies.Table) -> bool:
+    """Whether a committed real table says its runs recorded their commit (its per-seed CSV's `commit`)."""
+    path = REAL / f"{recipe.name}_seeds.csv"
+    if not path.is_file():
+        return False
+    seeds = pd.read_csv(path)
+    return "commit" in seeds and (seeds["commit"] != "unrecorded").all()
+
+
+LOGGED = [t for t in studies.TABLES.values() if _logged(t)]
+
+
+def _runs(recipe: studies.Table) -> tuple[dict, dict[str, list[Path]]]:
+    """The layout and run folders of a real table, as ./reproduce.sh --profile real trains them."""
+    study = STUDY_OF[recipe.key]
+    params = studies.real_params(study)
+    layout = studies.study_layouts(study, **studies.layout_params(params), report=lambda *_: None)[recipe.key]
+    return layout, studies.run_dirs(layout, params["seeds"], results.study_root("", False, "real"))
+
+
+def _tracked() -> set[str]:
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "experiments/results/real"], capture_output=True,
+                         text=True, check=True).stdout
+    return set(out.split())
+
+
+def test_the_main_table_is_one_of_them():
+    """T1 (the README's) trained at a recorded commit with committed logs."""
+    assert "T1" in {t.key for t in LOGGED}
+
+
+@pytest.mark.parametrize("recipe", LOGGED, ids=[t.key for t in LOGGED])
+def test_a_committed_table_rebuilds_from_its_committed_logs(recipe, tmp_path):
+    layout, runs = _runs(recipe)
+    tracked = _tracked()
+    for label, dirs in runs.items():
+        for d in dirs:
+            assert results.finished(d), d
+            rel = d.relative_to(ROOT).as_posix()
+            for name in ("config.yaml", "metrics.jsonl", "machine.json", "in_turn.json", results.CODE_FILE,
+                         results.COMMIT_FILE):
+                assert f"{rel}/{name}" in tracked, f"{rel}/{name} is not committed"
+    assert not [f for f in tracked if f.endswith((".safetensors", ".pt", ".bin"))]  # logs, never weights
+    tables.build(recipe, layout, runs, tmp_path, "real")
+    names = [f"{recipe.name}.csv", f"{recipe.name}_seeds.csv", f"{recipe.name}.md"]
+    names += [f"{recipe.name}_equal_compute.csv", f"{recipe.name}_equal_compute_seeds.csv"] \
+        if recipe.at_equal_compute else []
+    for name in names:
+        assert (tmp_path / name).read_text() == (REAL / name).read_text(), f"{name} differs from its rebuild"
+    seeds = pd.read_csv(tmp_path / f"{recipe.name}_seeds.csv")
+    assert "unrecorded" not in set(seeds["timed_with"]) and "apart" not in set(seeds["timed_with"])
+    # the README's row (and docs/results.md's) from the rebuilt files: the same text
+    figures = tmp_path / "all"
+    shutil.copytree(REAL, figures)
+    for name in names:
+        shutil.copy(tmp_path / name, figures / name)
+    assert readme.results_table(figures, (recipe.key,)) == readme.results_table(REAL, (recipe.key,))
+    if recipe.key in readme.README_TABLES:
+        row = next(line for line in readme.results_table(figures, (recipe.key,)).splitlines()
+                   if line.startswith(f"| {recipe.key} |"))
+        assert row in (ROOT / "README.md").read_text()
+
+
+def test_the_protocol_table_rebuilds_from_its_committed_logs(tmp_path):
+    """P1 (docs/results.md's protocol table) from the levers' committed logs: the same CSVs and page."""
+    from dppo import protocol
+
+    if not (REAL / "P1_protocol.csv").is_file():
+        pytest.fail("figures/real/P1_protocol.csv is not committed")
+    runs = studies.run_dirs(studies.protocol_runs(), studies.PROTOCOL_SEEDS, results.study_root("", False, "real"))
+    tracked = _tracked()
+    assert all(f"{d.relative_to(ROOT).as_posix()}/metrics.jsonl" in tracked for dirs in runs.values() for d in dirs)
+    pairs = protocol.pairs(runs, studies.PROTOCOL_LEVERS)
+    protocol.write(runs, studies.PROTOCOL_LEVERS, pairs, protocol.readings(pairs), tmp_path)
+    for name in ("P1_protocol.csv", "P1_protocol_pairs.csv", "P1_protocol.md"):
+        assert (tmp_path / name).read_text() == (REAL / name).read_text(), f"{name} differs from its rebuild"
+
+
+def test_the_logs_are_a_few_megabytes():
+    sizes = [(ROOT / f).stat().st_size for f in _tracked()]
+    assert sum(sizes) < 20e6, sum(sizes)
