@@ -3,9 +3,12 @@
 # figures of docs/method.md §6 into figures/ or figures/<profile>/). Executed notebooks are kept under
 # experiments/results/notebooks/.
 #
-#   ./reproduce.sh                          the main table: T1 (GRPO, GRESO, CPPO, DPPO, DPPO-proportional, 3 seeds)
-#                                           and F2 on a real pretrained LLM (SmolLM2-135M-Instruct), ~70 min on 2
-#                                           cores (= --profile real --study main_results; figures/real/)
+#   ./reproduce.sh                          the main table: T1 (GRPO, GRESO, CPPO, DPPO, DPPO-proportional) and F2 on a
+#                                           real pretrained LLM (SmolLM2-135M-Instruct) (= --profile real --study
+#                                           main_results; figures/real/): from the committed run logs where the code
+#                                           that trained them is this checkout's (minutes), else trained
+#   --retrain                               train every run of the studies named again, committed logs and finished
+#                                           runs alike (./reproduce.sh --retrain: T1 from scratch)
 #   ./reproduce.sh --profile real           the paper's tables: T1, F2, T2, T3 (+ Gemma 3 270M), T4, T5, F3, F5 (~6 h on 2
 #                                           cores; dppo.studies.real_params; runs under experiments/results/real,
 #                                           tables in figures/real); with --dry-run: its runs and estimated minutes
@@ -41,6 +44,7 @@ while [ $# -gt 0 ]; do
     --profile) value "$@"; profile="$2"; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     --toy) toy=1; shift ;;
+    --retrain) export DPPO_RETRAIN=1; shift ;;  # dppo.results.RETRAIN_ENV
     --lab) lab=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#'; exit 0 ;;
     *) fail "unknown option '$1' (see --help)" ;;

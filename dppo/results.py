@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ COMMIT_FILE = "commit.txt"  # and the git commit of that source (`training_commi
 # What a run folder of the real profile keeps in git (.gitignore; no weights): its log, enough to rebuild every table
 # and figure without training (paper_figures) and to be reused by a study whose config and code match (`prepare`)
 LOG_FILES = ("config.yaml", "metrics.jsonl", "machine.json", "in_turn.json", CODE_FILE, COMMIT_FILE)
+RETRAIN_ENV = "DPPO_RETRAIN"  # "1" (./reproduce.sh --retrain): every run a study asks for trains again from scratch
 # Other work beyond the cores a run left free that makes a step (or a run, on average) contended: a quiet machine reads
 # a few hundredths of a core, one competing CPU-bound process about 1 (docs/engineering.md §5.1; dppo.tables reads it)
 OTHER_CORES_LIMIT = 0.25
@@ -123,6 +125,8 @@ def prepare(config: str | Path, output_dir: str | Path, smoke: bool = False, **o
     before = _saved_config(out)
     code = (out / CODE_FILE).read_text().strip() if (out / CODE_FILE).is_file() else None
     same = before is not None and _same_run(before, cfg, out) and code == code_hash()
+    if os.environ.get(RETRAIN_ENV) == "1":  # trained again, not resumed: nothing of the folder stands for the run
+        same = False
     # finished: its weights are there, or, for a run that keeps nothing after final/ (nothing reads its weights), its
     # log ends with its final evaluation — the committed run logs (LOG_FILES) of a fresh clone are such runs
     if ((out / "final").is_dir() or (finished(out) and not cfg.keep_checkpoints_after_final)) and same:

@@ -468,6 +468,14 @@ def test_a_committed_run_log_is_reused_without_its_weights_wherever_the_clone_li
                                                  results.COMMIT_FILE}
     assert results.prepare("experiments/cpu/grpo.yaml", clone, smoke=True) is None  # reused: nothing to train
     assert len(fits) == 1
+    monkeypatch.setenv(results.RETRAIN_ENV, "1")  # ./reproduce.sh --retrain: trained again, from scratch
+    again = results.prepare("experiments/cpu/grpo.yaml", clone, smoke=True)
+    assert again is not None and not again.resume
+    assert results.prepare("experiments/cpu/grpo.yaml", out, smoke=True) is not None  # its weights do not stand either
+    monkeypatch.delenv(results.RETRAIN_ENV)
+    for name in results.LOG_FILES:  # (prepare rewrote the clone's code and commit files: the same values)
+        if (out / name).is_file():
+            shutil.copy(out / name, clone / name)
     cut = tmp_path / "cut" / "run"
     shutil.copytree(clone, cut)
     lines = (cut / "metrics.jsonl").read_text().splitlines(keepends=True)
