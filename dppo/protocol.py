@@ -144,8 +144,10 @@ def choose(table: pd.DataFrame, budget_hours: float = 3.0) -> pd.Series:
     """The protocol: among the measured readings (not projected) of levers whose GRPO learned (its interval above
     0), the one whose half-width target (`seeds_half_width` seeds) costs the fewest hours; `within_budget` says
     whether that fits `budget_hours` of the machine for the headline pair."""
-    fair = table[~table["projected"] & (table["grpo_learned_lo"] > 0) & table["reading"].isin(["final", "last_k"])]
-    best = fair.sort_values(["hours_half_width", "seeds_half_width"]).iloc[0].copy()
+    measured = table[~table["projected"] & table["reading"].isin(["final", "last_k"])]
+    fair = measured[measured["grpo_learned_lo"] > 0]
+    best = (fair if len(fair) else measured).sort_values(["hours_half_width", "seeds_half_width"]).iloc[0].copy()
+    best["baseline_learned"] = bool(len(fair))  # (False: no lever's GRPO learned, the cheapest reading is shown)
     best["within_budget"] = bool(best["hours_half_width"] <= budget_hours)
     return best
 
@@ -182,6 +184,8 @@ def decision(chosen: pd.Series, margin: float = MARGIN) -> str:
             f"({int(chosen['seeds_half_width_lo'])}-{int(chosen['seeds_half_width_hi'])} over that interval), "
             f"{chosen['hours_half_width']:.1f} h at {chosen['pair_min']:.0f} min a pair; 80% power to detect "
             f"{margin:g} points takes {int(chosen['seeds_power'])} seeds")
+    if not chosen["baseline_learned"]:
+        return f"**No protocol chosen: no lever's GRPO learned** (its final − start interval holds 0); cheapest: {what}."
     verdict = "within" if chosen["within_budget"] else "beyond"
     return f"**Chosen: {what}** — {verdict} the budget for the headline pair."
 

@@ -190,23 +190,23 @@ def code_hash(pkg: Path = Path(__file__).resolve().parent) -> str:
 
 @functools.lru_cache(maxsize=1)
 def training_commit(pkg: Path = Path(__file__).resolve().parent) -> str:
-    """The git commit whose training code (the files `code_hash` reads) this checkout runs: HEAD's short hash, with
-    '+modified' when any of those files differs from HEAD's (an edit or a new file not committed: the commit alone does
-    not describe the code); 'unknown' outside a git checkout."""
+    """The git commit of the training code (the files `code_hash` reads) this checkout runs: the last commit that
+    changed any of them (so runs trained at later commits that changed only reports, docs or tests name the same
+    one), with '+modified' when any of them differs from HEAD's (an edit or a new file not committed: the commit
+    alone does not describe the code); 'unknown' outside a git checkout."""
     import subprocess
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(pkg), *args], capture_output=True, text=True, check=True).stdout
 
+    excluded = [f":(exclude){name}" for name in REPORTING_MODULES]
     try:
-        head = git("rev-parse", "--short=12", "HEAD").strip()
-        changed = [line[3:].strip() for line in git("status", "--porcelain", "--untracked-files=all", "--", ".").splitlines()]
+        last = git("log", "-1", "--format=%h", "--abbrev=12", "--", ".", *excluded).strip()
+        changed = git("status", "--porcelain", "--untracked-files=all", "--", ".", *excluded).splitlines()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    top = Path(git("rev-parse", "--show-toplevel").strip())
-    training = [c for c in changed if c.endswith(".py") and (top / c).resolve().parent.is_relative_to(pkg)
-                and (top / c).resolve().relative_to(pkg).as_posix() not in REPORTING_MODULES]
-    return head + ("+modified" if training else "")
+    modified = any(line.rstrip().endswith(".py") for line in changed)
+    return (last or "uncommitted") + ("+modified" if modified else "")
 
 
 def _saved_config(out: Path) -> TrainConfig | None:

@@ -97,3 +97,5 @@ def test_the_choice_is_the_cheapest_measured_reading_whose_baseline_learned():
     assert (chosen["lever"], chosen["reading"]) == ("a", "last_k") and chosen["within_budget"]  # 2.67 h < 3.33 h
     assert not protocol.choose(table, budget_hours=2.0)["within_budget"]
     assert protocol.decision(chosen).startswith("**Chosen: lever a, x: paired s.d. 6.0 points over 4 seeds")
+    unlearned = protocol.choose(table.assign(grpo_learned_lo=-1.0))  # no lever's GRPO learned: nothing is chosen
+    assert protocol.decision(unlearned).startswith("**No protocol chosen: no lever's GRPO learned**")

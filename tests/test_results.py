@@ -490,8 +490,8 @@ def test_a_committed_run_log_is_reused_without_its_weights_wherever_the_clone_li
 
 
 def test_the_training_commit_says_when_the_training_code_differs_from_it(tmp_path):
-    """commit.txt names the commit the training code comes from: HEAD, '+modified' when a module that trains (not a
-    REPORTING_MODULES one) is edited or added and not committed; 'unknown' outside git."""
+    """commit.txt names the commit the training code comes from: the last that changed a module that trains (not a
+    REPORTING_MODULES one), '+modified' when one is edited or added and not committed; 'unknown' outside git."""
     pkg = tmp_path / "repo" / "dppo"
     pkg.mkdir(parents=True)
     (pkg / "trainer.py").write_text("x = 1\n")
@@ -511,6 +511,8 @@ def test_the_training_commit_says_when_the_training_code_differs_from_it(tmp_pat
     assert commit() == head
     (pkg / "tables.py").write_text("y = 2\n")  # a reporting module: the training code is still HEAD's
     assert commit() == head
+    git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qam", "reports only")
+    assert commit() == head  # a later commit that changed no training code: the same one
     (pkg / "trainer.py").write_text("x = 2\n")
     assert commit() == f"{head}+modified"
     (pkg / "trainer.py").write_text("x = 1\n")
