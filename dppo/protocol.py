@@ -15,19 +15,22 @@ Per lever and seed, with G and D the two runs (accuracies in points):
 
 Each reading's s.d. over seeds, its 95% interval (chi-square), the seeds whose 95% t half-width is at most MARGIN
 points (`seeds_for_half_width`), the seeds for 80% power at MARGIN (`verdicts.seeds_for_power`), and what a pair costs:
-both runs' training and evaluation minutes. The protocol chosen is the reading whose half-width target costs least
+both runs' training and evaluation minutes (over the pairs no other work contended, dppo.tables' rule). The
+protocol chosen is the reading whose half-width target costs least
 (`choose`), among those measured, not projected.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import pandas as pd
 
 from dppo import verdicts
-from dppo.results import finished, load_run
+from dppo.results import contended_fraction, finished, load_run
+from dppo.tables import CONTENDED_FRAC_LIMIT
 from dppo.verdicts import MARGIN, Interval
 
 LAST_K = 3  # lever c: the evaluations each run's "final" accuracy averages
@@ -62,7 +65,10 @@ def run_readings(run_dir: str | Path) -> dict:
     at_half = trained_evals[df.loc[trained_evals.index, "epoch"] <= half + 1e-9]
     final = full.iloc[-1]
     n = final.get("eval_n", math.nan)
+    machine = Path(run_dir) / "machine.json"
+    contended = contended_fraction(train, json.loads(machine.read_text()) if machine.is_file() else {})
     return {
+        "contended": bool(contended > CONTENDED_FRAC_LIMIT),  # (dppo.tables' rule: its minutes are not a quiet run's)
         "final": 100 * final["eval/avg"], "start": 100 * full.iloc[0]["eval/avg"] if full.iloc[0]["step"] == 0 else math.nan,
         "sampling_var": 1e4 * final.get("eval/avg/sampling_var", math.nan),
         "samples_per_problem": n / _problems(run_dir) if _problems(run_dir) else math.nan,
@@ -101,6 +107,7 @@ def pairs(runs: dict[str, list[Path]], levers) -> pd.DataFrame:
                    **{f"G_{c}": v for c, v in G.items()}, **{f"D_{c}": v for c, v in D.items()},
                    "learned": G["final"] - start, "noise_var": G["sampling_var"] + D["sampling_var"],
                    "pair_min": G["train_min"] + G["eval_min"] + D["train_min"] + D["eval_min"],
+                   "pair_contended": G["contended"] or D["contended"],
                    "pair_train_min": G["train_min"] + D["train_min"]}
             row.update({f"gain_{c}": D[c] - G[c] for c in ("final", "last_k", "half_run", "end_subset")})
             rows.append(row)
@@ -114,7 +121,8 @@ def readings(pair_rows: pd.DataFrame, margin: float = MARGIN) -> pd.DataFrame:
     out = []
     for lever, rows in pair_rows.groupby("lever", sort=False):
         learned = Interval.of(rows["learned"])
-        minutes = float(rows["pair_min"].mean())
+        quiet = rows[~rows["pair_contended"]]  # what a pair costs on a quiet machine (all pairs if none was)
+        minutes = float((quiet if len(quiet) else rows)["pair_min"].mean())
         final = Interval.of(rows["gain_final"])
         k = float(rows["G_samples_per_problem"].mean())
         noise = float(rows["noise_var"].mean())

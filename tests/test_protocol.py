@@ -63,6 +63,23 @@ def test_each_reading_is_the_paired_difference_of_its_own_accuracy(lever_runs):
     assert (pairs["pair_min"] > pairs["pair_train_min"]).all()
 
 
+def test_a_pair_that_met_other_work_does_not_set_what_a_pair_costs(lever_runs):
+    """Seed 0's GRPO computed every step with 1 of its 2 threads while another process took a core (dppo.tables'
+    contended rule): its pair's minutes (here doubled) are left out of what a pair costs."""
+    g0 = lever_runs["GRPO, lever a"][0]
+    rows = [json.loads(line) for line in (g0 / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        if r["step"] > 0:
+            r.update({"timing_s/step": 2 * r["timing_s/step"], "load/threads": 1, "load/other_cores": 1.0})
+    (g0 / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (g0 / "machine.json").write_text(json.dumps({"cores": 2, "threads": 2}))
+    pairs = protocol.pairs(lever_runs, ["a"])
+    assert pairs["pair_contended"].tolist() == [True, False, False, False]
+    quiet = (120 + 7 * 2 + 60 + 6 * 2) / 60
+    assert protocol.readings(pairs)["pair_min"].tolist() == pytest.approx([quiet] * len(protocol.READINGS))
+    assert pairs["pair_min"].iloc[0] == pytest.approx(quiet + 2)
+
+
 def test_the_seeds_a_reading_needs_and_the_projection_of_more_samples(lever_runs):
     table = protocol.readings(protocol.pairs(lever_runs, ["a"])).set_index("reading")
     sd = pd.Series(GAINS).std()
