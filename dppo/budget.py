@@ -182,6 +182,7 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
     DPPO are T4's) is counted there only: the later study finds it finished."""
     from dppo import studies as registry
     from dppo.launch import train_command
+    from dppo.results import reusable
 
     commands, rows, seen = [], [], set()
     for study in studies:
@@ -189,9 +190,14 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
         args = f" -f experiments/paper/{study}.yaml" if params and profile == "paper" else \
             f" -f <python -m dppo.studies --params real {study}>" if params else ""
         commands.append(f"papermill notebooks/{study}.ipynb experiments/results/notebooks/{study}.ipynb --cwd .{args}")
-        twins = timing_twins(study, profile, seen)
         runs = {out: run for out, run in study_runs(study, profile).items() if out not in seen}
+        # finished here by this code (a fresh clone: the committed run logs of the real profile): the study skips them
+        reused = {out for out, (_, cfg) in runs.items() if profile != "paper" and reusable(cfg, registry.ROOT / out)}
+        twins = timing_twins(study, profile, seen | reused)
         seen |= set(runs)
+        for out in reused:
+            commands.append(f"  (finished by this code: reused) {runs[out][0]} -> {out}")
+        runs = {out: run for out, run in runs.items() if out not in reused}
         hours, disk, peak = 0.0, 0.0, 0.0
         for out, (cfg_path, cfg) in runs.items():
             hours += run_gpu_hours(cfg)
@@ -201,7 +207,7 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
                 commands.append("  " + shlex.join(train_command(out / "launch.yaml", params["launch"], gpus)))
             else:
                 commands.append(f"  (in the notebook's process) dppo train --config {cfg_path} -> {out}")
-        rows.append({"study": study, "runs": len(runs) + twins, "twins": twins, "gpu_hours": hours,
+        rows.append({"study": study, "runs": len(runs) + twins, "twins": twins, "reused": len(reused), "gpu_hours": hours,
                      "hours_on_gpus": hours / gpus, "disk_tb": disk / 1e12, "peak_tb": peak / 1e12,
                      "configs": list(runs.values()), "cpu_minutes": registry.BY_NAME[study].cpu_minutes})
     return commands, rows
@@ -223,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n# time on 2 CPU cores (estimated: each study's measured minutes a run, or its own: "
               "dppo.studies.real_minutes)")
         twins = {r["study"]: f" ({r['twins']} of them timing twins)" if r["twins"] else "" for r in rows}
+        reused = {r["study"]: f"; {r['reused']} finished runs reused (./reproduce.sh --retrain trains them again)"
+                  if r["reused"] else "" for r in rows}
         print("\n".join(f"{r['study']:18s} {r['runs']:3d} runs ~{real_minutes(r['study'], r['runs']):.0f} min"
-                        f"{twins[r['study']]}" for r in rows))
+                        f"{twins[r['study']]}{reused[r['study']]}" for r in rows))
         total = sum(real_minutes(r["study"], r["runs"]) for r in rows)
         print(f"{'total':18s} {sum(r['runs'] for r in rows):3d} runs ~{total:.0f} min (+ paper_figures, under a minute)")
         return 0

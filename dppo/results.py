@@ -118,28 +118,38 @@ def _trainer_class():
 
 def prepare(config: str | Path, output_dir: str | Path, smoke: bool = False, **overrides) -> TrainConfig | None:
     """The config `run` trains into `output_dir`, its folder made ready (`code.sha256` and `commit.txt` written; a
-    stale final/ removed); None when the folder already holds this run finished by this code (with its weights, or
-    as its committed log: see below)."""
+    stale final/ removed); None when the folder already holds this run finished by this code (`reusable`)."""
     cfg = _config(config, output_dir, smoke, **overrides)
     out = Path(output_dir)
-    before = _saved_config(out)
-    code = (out / CODE_FILE).read_text().strip() if (out / CODE_FILE).is_file() else None
-    same = before is not None and _same_run(before, cfg, out) and code == code_hash()
-    if os.environ.get(RETRAIN_ENV) == "1":  # trained again, not resumed: nothing of the folder stands for the run
-        same = False
-    # finished: its weights are there, or, for a run that keeps nothing after final/ (nothing reads its weights), its
-    # log ends with its final evaluation — the committed run logs (LOG_FILES) of a fresh clone are such runs
-    if ((out / "final").is_dir() or (finished(out) and not cfg.keep_checkpoints_after_final)) and same:
+    if reusable(cfg, out):
         if not cfg.keep_checkpoints_after_final:  # as the trainer does once final/ is written
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
         return None
-    if not same:  # another config or other code: start over, and no stale final/ may stand for the new run
+    if not _same(cfg, out):  # another config or other code: start over, and no stale final/ may stand for the new run
         cfg = dataclasses.replace(cfg, resume=False)
         shutil.rmtree(out / "final", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / CODE_FILE).write_text(code_hash() + "\n")
     (out / COMMIT_FILE).write_text(training_commit() + "\n")
     return cfg
+
+
+def _same(cfg: TrainConfig, out: Path) -> bool:
+    """Whether folder `out` was made for run `cfg` by this code (never under RETRAIN_ENV: trained again, not
+    resumed; nothing of the folder stands for the run)."""
+    before = _saved_config(out)
+    code = (out / CODE_FILE).read_text().strip() if (out / CODE_FILE).is_file() else None
+    return (before is not None and _same_run(before, cfg, out) and code == code_hash()
+            and os.environ.get(RETRAIN_ENV) != "1")
+
+
+def reusable(cfg: TrainConfig, out: str | Path) -> bool:
+    """Whether folder `out` holds run `cfg` finished by this code, so that a study skips it (read only): its weights
+    are there, or, for a run that keeps nothing after final/ (nothing reads its weights), its log ends with its final
+    evaluation — the committed run logs (LOG_FILES) of a fresh clone are such runs."""
+    out = Path(out)
+    done = (out / "final").is_dir() or (finished(out) and not cfg.keep_checkpoints_after_final)
+    return done and _same(cfg, out)
 
 
 def keep_weights_only(run_dir: str | Path) -> None:

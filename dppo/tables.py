@@ -50,19 +50,19 @@ CPU_ONLY = ("speedup_cpu",)  # and the contended mark: a GPU run's process CPU t
 def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str]) -> pd.DataFrame:
     """One row per (label, seed): summarize() plus speed-ups and accuracy gain against the row's baseline of the
     same seed (`baseline`: one label for every row, or {label: baseline label}); accuracies in %. A row that skipped
-    its step-0 evaluation takes acc/start from its baseline, or from the table's first row (same initial model,
-    problems and sampling seed)."""
+    its step-0 evaluation takes acc/start from its baseline, or from the first row of the table whose run of the seed
+    made it (same initial model, problems and sampling seed)."""
     base_of = baseline if isinstance(baseline, dict) else {label: baseline for label in runs}
     summary = {label: [summarize(d) for d in dirs] for label, dirs in runs.items()}
-    first = next(iter(summary.values()))
     rows, clocks = [], {}  # clocks: a timing twin's summary by (label, seed) of the row it times
     for label, seeds in summary.items():
         for i, row in enumerate(seeds):
             base = summary[base_of[label]][i]
             row = {"label": label, "seed": _seed_of(runs[label][i], i), **row}
-            for start in ("acc/start", "acc_subset/start"):  # the baseline's, else the table's first row's (the
+            others = [base, *(runs_of_label[i] for runs_of_label in summary.values())]  # the baseline first
+            for start in ("acc/start", "acc_subset/start"):  # the baseline's, else another row's of the seed (the
                 if start in row and pd.isna(row[start]):  # same initial model, problems and sampling stream)
-                    row[start] = base[start] if pd.notna(base.get(start)) else first[i].get(start, float("nan"))
+                    row[start] = next((o[start] for o in others if pd.notna(o.get(start, float("nan")))), float("nan"))
             # the clock of the baseline that trained beside this row (results.timed_with); FLOPs are the baseline's
             timer, row["timed_with"] = ((runs[label][i], "self") if label == base_of[label]
                                         else timed_with(runs[label][i], runs[base_of[label]][i]))

@@ -65,13 +65,14 @@ fig = figures.figure_f2(runs, out=out)
 
 # %%
 display(Markdown(tables.sentences(t1, studies.TABLES["T1"].baselines(t1.index), "T1")))
-display(Markdown(tables.equal_compute_sentences(equal, "GRPO")))
+flops = pd.read_csv(out / f"{studies.TABLES['T1'].name}_seeds.csv").groupby("label")["speedup_flops"].apply(list)
+display(Markdown(tables.equal_compute_sentences(equal, "GRPO", flops.to_dict())))
 
 # %%
 for label, dirs in runs.items():
     for d in dirs:
         m = results.load_run(d)
-        assert (d / "final" / "model.safetensors").is_file() and "eval/avg" in m, d
+        assert results.finished(d) and "eval/avg" in m, d  # (its weights, or its committed log: results.prepare)
 assert t1["seeds"].eq(len(seeds)).all() and list(t1.index) == [k for k in layout if k not in studies.longer_rows(layout)]
 # the equal-compute table: every row against GRPO (the shared-prompt rows, on another layout, are not in it)
 assert list(equal.index) == [k for k in layout if studies.TABLES["T1"].baseline(k) == "GRPO"]

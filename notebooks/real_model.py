@@ -64,13 +64,14 @@ fig = figures.figure_f2(runs, name="R1_real_model_curves", out=out, accuracy_lab
 # %%
 display(Markdown(tables.learning_sentence(r1, "GRPO")))
 display(Markdown(tables.sentences(r1, studies.TABLES["R1"].baselines(r1.index), "R1")))
-display(Markdown(tables.equal_compute_sentences(equal, "GRPO")))
+flops = pd.read_csv(out / f"{studies.TABLES['R1'].name}_seeds.csv").groupby("label")["speedup_flops"].apply(list)
+display(Markdown(tables.equal_compute_sentences(equal, "GRPO", flops.to_dict())))
 
 # %%
 for label, dirs in runs.items():
     for d in dirs:
         m = results.load_run(d)
-        assert (d / "final" / "model.safetensors").is_file() and "eval/avg" in m, d
+        assert results.finished(d) and "eval/avg" in m, d  # (its weights, or its committed log: results.prepare)
 assert r1["seeds"].eq(len(seeds)).all() and list(r1.index) == list(layout)
 assert equal.loc["GRPO", "reached"] == len(seeds) and equal.loc["GRPO", "budget_frac"] == 1.0
 assert (r1["speedup_ci"].notna() | (r1["seeds_timed"] < 2)).all()  # an interval over >= 2 quiet pairs (contended ones left out: dppo.tables; the paper profile runs 1 seed)

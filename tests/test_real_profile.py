@@ -20,8 +20,10 @@ def real_runs(study: str) -> dict[str, TrainConfig]:
 
 
 def test_every_real_profile_run_trains_r1s_model_and_task():
-    """Every run but T3's larger rows (Gemma 3 270M: the next test); F3 trains none (it samples R1's config); F5 trains
-    T1's methods again (seed 0) in folders of its own, keeping a checkpoint every 4 steps."""
+    """Every run but T3's larger rows (Gemma 3 270M: the next test); F3 trains none (it samples R1's config); T1 trains
+    under the protocol's chosen lever, and F5 trains T1's methods again (seed 0) in folders of its own, keeping a
+    checkpoint every 4 steps."""
+    lever = studies.PROTOCOL_LEVERS[studies.PROTOCOL_CHOICE]
     for study in studies.REAL_STUDIES:
         runs = real_runs(study)
         assert bool(runs) == (study not in studies.REAL_STUDY_MINUTES), study
@@ -32,38 +34,47 @@ def test_every_real_profile_run_trains_r1s_model_and_task():
                                                           "dppo_large/seed1")), out
                 continue
             assert (cfg.model_name_or_path, cfg.dataset, cfg.chat_template) == ("smollm2-135m", "arithmetic", True)
-            assert (cfg.train_size, cfg.epochs, cfg.prompts_per_step, cfg.temperature) == (64, 2, 8, 0.7), out
+            size = (lever["train_size"], lever["epochs"]) if study in ("main_results", "case_study") else (64, 2)
+            assert (cfg.train_size, cfg.epochs, cfg.prompts_per_step, cfg.temperature) == (*size, 8, 0.7), out
             # 1.6 GB a run: 36 runs filled a disk; F5's 5 runs keep theirs, as weights only (the case study reads them)
             assert cfg.keep_checkpoints_after_final == (study == "case_study"), out
     t1 = studies.study_layouts("main_results", **studies.layout_params(studies.real_params("main_results")))["T1"]
     assert list(t1) == ["GRPO", "GRESO", "CPPO", "DPPO", "DPPO, proportional"]
     f5 = real_runs("case_study")
     assert [out.split("/")[-2] for out in f5] == ["grpo", "greso", "cppo", "dppo", "dppo_proportional"]
-    for out, cfg in f5.items():  # T1's seed-0 run of the method field for field, but where it trains and what it keeps
-        t1_cfg = real_runs("main_results")[out.replace("/case_study/", "/main_results/")]
-        keeps = ("output_dir", "save_every", "keep_checkpoints", "keep_checkpoints_after_final", "eval_every")
+    t1_runs = {out.split("/")[-2]: cfg for out, cfg in real_runs("main_results").items() if out.endswith("/seed0")}
+    for out, cfg in f5.items():  # T1's seed-0 run of the method field for field, but where it trains, what it keeps,
+        t1_cfg = t1_runs[out.split("/")[-2]]  # and GRPO's unread refill window (T1's GRPO is the protocol's run)
+        keeps = ("output_dir", "save_every", "keep_checkpoints", "keep_checkpoints_after_final", "eval_every",
+                 "eval_before_train", "refill_window")
         assert dataclasses.replace(cfg, **{f: getattr(t1_cfg, f) for f in keeps}) == t1_cfg, out
         assert (cfg.save_every, cfg.keep_checkpoints, cfg.seed) == (4, 4, 0)
 
 
-def test_the_real_profiles_grpo_and_dppo_are_r1s():
-    """T1's GRPO and DPPO under the real profile train R1's configs field for field (but their folders, what they keep
-    on disk, GRPO's unread refill window, and how often they evaluate: T1 at every other of R1's evaluations, so the
-    ones it makes are R1's, seeds included): the override set misses none of the fields R1's YAML files set.
-    Without one of them (lr), they would not."""
-    t1 = studies.study_layouts("main_results", **studies.layout_params(studies.real_params("main_results")))["T1"]
-    r1 = studies.study_layouts("real_model", shared_rows=False)["R1"]
+def test_the_real_t1s_grpo_and_dppo_are_the_protocols_chosen_pair():
+    """Under the real profile T1's GRPO and DPPO are the runs of the protocol's chosen lever (docs/method.md §6.4):
+    the same folders, config for config, so T1 reuses them (the protocol's pairs trained in turn); its other rows
+    train with the lever's setup (fields, evaluation subset and grid). Without that, the pair would be trained twice
+    and T1's headline pair would not be the one P1 measured."""
+    from dppo import results
 
-    def config(layout, label, **extra):  # a row that does not refill never reads refill_window; what a run keeps on
-        cfg, over, _ = layout[label]  # disk after final/ is not how it trains
-        cfg = TrainConfig.load(ROOT / cfg, {**over, **extra})
-        return dataclasses.replace(cfg, output_dir="", refill_window=cfg.refill_window if cfg.refill != "none" else 0,
-                                   keep_checkpoints_after_final=True, eval_every=0)
-    for label in ("GRPO", "DPPO"):
-        assert config(t1, label) == config(r1, label), label
-        assert t1[label][1]["eval_every"] == 2 * r1[label][1]["eval_every"], label
-    lr = studies.real_overrides()["lr"]
-    assert config(t1, "GRPO", lr=1e-4) != config(r1, "GRPO") and lr == 3e-5
+    params = studies.real_params("main_results")
+    t1 = studies.study_layouts("main_results", **studies.layout_params(params), report=lambda line: None)["T1"]
+    pair = studies.protocol_runs()
+    lever = studies.PROTOCOL_LEVERS[studies.PROTOCOL_CHOICE]
+
+    def config(row, seed=0):
+        cfg, over, sub = row
+        return results._config(cfg, ROOT / sub / f"seed{seed}", **{**over, "seed": seed})
+    for method in ("GRPO", "DPPO"):
+        chosen = pair[f"{method}, lever {studies.PROTOCOL_CHOICE}"]
+        assert t1[method][2] == chosen[2] and config(t1[method]) == config(chosen), method
+    for label in ("GRESO", "CPPO", "DPPO, proportional"):
+        cfg = config(t1[label])
+        assert (cfg.train_size, cfg.epochs, cfg.lr, cfg.lr_scheduler_type) == \
+            (lever["train_size"], lever["epochs"], lever["lr"], lever["lr_scheduler_type"]), label
+        assert (cfg.eval_every, cfg.eval_subset_size) == (2, 128) and t1[label][2].startswith("main_results/")
+    assert params["seeds"] == list(studies.PROTOCOL_SEEDS)
 
 
 def test_the_real_t3s_larger_rows_train_the_gemma_config_and_every_row_one_layout():
@@ -103,10 +114,14 @@ def test_every_parameter_a_profile_passes_is_one_its_notebook_reads(profile):
 
 
 def test_real_captions_are_made_from_the_runs_fields(monkeypatch):
-    text = studies.caption("T1", "real")
+    text = studies.caption("T2", "real")
     assert "smollm2-135m" in text and "64 training problems x 2 epochs" in text and "16 steps of 8 prompts" in text
     monkeypatch.setitem(studies.REAL_SETUP, "train_size", 128)
-    assert "128 training problems x 2 epochs (GRPO: 32 steps" in studies.caption("T1", "real")
+    assert "128 training problems x 2 epochs (GRPO: 32 steps" in studies.caption("T2", "real")
+    lever = studies.PROTOCOL_LEVERS[studies.PROTOCOL_CHOICE]  # T1: the protocol's lever
+    monkeypatch.setitem(lever, "train_size", 96)
+    assert "96 training problems x 2 epochs (GRPO: 24 steps" in studies.caption("T1", "real")
+    assert f"Protocol lever {studies.PROTOCOL_CHOICE}" in studies.caption("T1", "real")
 
 
 def test_dry_run_lists_the_real_runs_and_their_minutes():
