@@ -37,6 +37,7 @@ smoke = os.environ.get("DPPO_SMOKE") in ["1"]  # seconds-long sizes (the tests s
 profile = "cpu"  # "paper": results under experiments/results/paper, tables and figures in figures/paper
 long_epochs = 8  # epochs of the DPPO run trained for about GRPO's time (T1 at equal compute); 0: no such run
 shared_rows = True  # also GRPO and DPPO on the shared-prompt layout (rows "X, shared prompts": what sharing gives each)
+protocol_pair = ""  # a protocol lever whose GRPO and DPPO runs are T1's (the real profile: the chosen one; docs/method.md §6.4)
 
 # %%
 import pandas as pd
@@ -47,7 +48,7 @@ from dppo import figures, results, studies, tables
 if smoke:
     seeds = seeds[:2]  # two seeds still give intervals
 layout = studies.study_layouts("main_results", configs=configs, overrides=overrides, long_epochs=long_epochs,
-                                shared_rows=shared_rows)["T1"]
+                                shared_rows=shared_rows, protocol_pair=protocol_pair)["T1"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
                           baseline=studies.TABLES["T1"].baseline)  # a run with its baseline, where they fit
 out = results.figures_dir(results_dir, smoke, profile)
