@@ -24,6 +24,8 @@ REAL_END = "<!-- /real-results-table -->"
 ALL_REAL_BEGIN = "<!-- all-real-results-table: generated from figures/real/*.csv by `.venv/bin/python -m dppo.readme` -->"
 ALL_REAL_END = "<!-- /all-real-results-table -->"
 README_TABLES = ("T1",)  # the README's: the main table ./reproduce.sh makes; docs/results.md has every one
+P1_BEGIN = "<!-- protocol-table: generated from figures/real/P1_protocol.md by `.venv/bin/python -m dppo.readme` -->"
+P1_END = "<!-- /protocol-table -->"
 # T5's FLOPs speed-up drops by more than this share before a cell with higher rates counts as below one with lower
 # rates: each cell's rollouts are its own (the real T1's DPPO FLOPs speed-up over its seeds: docs/results.md, R1)
 MONOTONE_MARGIN = 0.05
@@ -307,7 +309,14 @@ def blocks() -> list[tuple[str, str, str, str]]:
     real = ROOT / "figures" / "real"
     return [("README.md", REAL_BEGIN, REAL_END, results_table(real, README_TABLES) + "\n\n" + provenance(real)),
             ("docs/results.md", ALL_REAL_BEGIN, ALL_REAL_END, results_table(real) + "\n\n" + provenance(real)),
-            ("docs/results.md", BEGIN, END, results_table(ROOT / "figures"))]
+            ("docs/results.md", BEGIN, END, results_table(ROOT / "figures")),
+            ("docs/results.md", P1_BEGIN, P1_END, protocol(real))]
+
+
+def protocol(figures: Path) -> str:
+    """The protocol's measurement table and choice (P1, `dppo.protocol.write`), as its notebook wrote it."""
+    path = figures / "P1_protocol.md"
+    return path.read_text().strip() if path.is_file() else "(not measured: ./reproduce.sh --study protocol)"
 
 
 def main() -> None:
