@@ -29,11 +29,10 @@ from pathlib import Path
 import pandas as pd
 
 from dppo import verdicts
-from dppo.results import contended_fraction, finished, load_run
+from dppo.results import LAST_K, contended_fraction, finished, last_evaluations, load_run, run_commit
 from dppo.tables import CONTENDED_FRAC_LIMIT
 from dppo.verdicts import MARGIN, Interval
 
-LAST_K = 3  # lever c: the evaluations each run's "final" accuracy averages
 MORE_SAMPLES = 8  # lever d: the samples a problem the projection asks for
 READINGS = {"final": "final Pass@1, every held-out problem",
             "last_k": f"mean of the last {LAST_K} evaluations (subset)",
@@ -72,7 +71,7 @@ def run_readings(run_dir: str | Path) -> dict:
         "final": 100 * final["eval/avg"], "start": 100 * full.iloc[0]["eval/avg"] if full.iloc[0]["step"] == 0 else math.nan,
         "sampling_var": 1e4 * final.get("eval/avg/sampling_var", math.nan),
         "samples_per_problem": n / _problems(run_dir) if _problems(run_dir) else math.nan,
-        "last_k": 100 * trained_evals["eval_subset/avg"].tail(LAST_K).mean(),
+        "last_k": 100 * last_evaluations(df),  # lever c
         "half_run": 100 * at_half["eval_subset/avg"].iloc[-1] if len(at_half) else math.nan,
         "end_subset": 100 * trained_evals["eval_subset/avg"].iloc[-1],
         "train_min": float(train["timing_s/step"].sum()) / 60,
@@ -92,7 +91,8 @@ def _problems(run_dir: str | Path) -> int:
 def pairs(runs: dict[str, list[Path]], levers) -> pd.DataFrame:
     """One row per (lever, seed): both runs' readings (`run_readings`, G_ and D_ prefixed), D − G for each reading,
     the final difference's sampling variance (points², the two runs' summed), GRPO's learning (final − the seed's
-    start, the first run of the seed that evaluated the initial model) and the pair's minutes."""
+    start, the first run of the seed that evaluated the initial model), the pair's minutes and the commit its runs
+    trained at."""
     read = {d: run_readings(d) for dirs in runs.values() for d in dirs if finished(d)}
     rows = []
     for k in levers:
@@ -108,7 +108,8 @@ def pairs(runs: dict[str, list[Path]], levers) -> pd.DataFrame:
                    "learned": G["final"] - start, "noise_var": G["sampling_var"] + D["sampling_var"],
                    "pair_min": G["train_min"] + G["eval_min"] + D["train_min"] + D["eval_min"],
                    "pair_contended": G["contended"] or D["contended"],
-                   "pair_train_min": G["train_min"] + D["train_min"]}
+                   "pair_train_min": G["train_min"] + D["train_min"],
+                   "commit": ", ".join(sorted({run_commit(g), run_commit(d)}))}
             row.update({f"gain_{c}": D[c] - G[c] for c in ("final", "last_k", "half_run", "end_subset")})
             rows.append(row)
     return pd.DataFrame(rows)

@@ -230,17 +230,23 @@ def provenance(figures: Path) -> str:
     per-seed CSV), grouped — "T1: 4 seeds, trained at commit c849ab1b8111 (run logs in experiments/results/real/)" —
     or that its runs trained before runs recorded it (no logs committed)."""
     said: dict[str, list[str]] = {}
+
+    def where(commits: list[str]) -> str:
+        return ("trained before runs recorded their commit (no run logs)" if commits == ["unrecorded"] else
+                f"trained at commit {', '.join(commits)} (run logs under experiments/results/"
+                f"{'real/' if figures.name == 'real' else ''})")
     for table, recipe in TABLES.items():
         path = figures / f"{recipe.name}_seeds.csv"
         if not path.is_file():
             continue
         seeds = pd.read_csv(path)
         commits = sorted(set(seeds["commit"])) if "commit" in seeds else ["unrecorded"]
-        where = ("trained before runs recorded their commit (no run logs)" if commits == ["unrecorded"] else
-                 f"trained at commit {', '.join(commits)} (run logs under experiments/results/"
-                 f"{'real/' if figures.name == 'real' else ''})")
-        said.setdefault(where, []).append(f"{table} ({seeds['seed'].nunique()} seeds)")
-    return "Provenance: " + "; ".join(f"{', '.join(tables)}: {where}" for where, tables in said.items()) + "."
+        said.setdefault(where(commits), []).append(f"{table} ({seeds['seed'].nunique()} seeds)")
+    if (figures / "P1_protocol_pairs.csv").is_file():  # the protocol's pairs (P1): a row names both runs' commits
+        pairs = pd.read_csv(figures / "P1_protocol_pairs.csv")
+        commits = sorted(set(", ".join(pairs["commit"]).split(", "))) if "commit" in pairs else ["unrecorded"]
+        said.setdefault(where(commits), []).append(f"P1 ({pairs['seed'].nunique()} seeds a lever)")
+    return "Provenance: " + "; ".join(f"{', '.join(tables)}: {text}" for text, tables in said.items()) + "."
 
 
 def results_table(figures: Path = ROOT / "figures", keys: tuple[str, ...] | None = None) -> str:
@@ -272,6 +278,11 @@ def results_table(figures: Path = ROOT / "figures", keys: tuple[str, ...] | None
                       if label in recipe.layout_rows]
             what += (". Shared prompts: " + "; ".join(shared)) if shared else ""
             judged = [label for label in rows.index if label.startswith("DPPO") or label.endswith("+ DPPO")]
+        reading = per_seed["reading"].iloc[0] if "reading" in per_seed else "final"
+        if reading != "final":  # the gains compare the protocol's reading (dppo.tables.READINGS)
+            from dppo.tables import READING_WORDS
+
+            what += f" (points: {READING_WORDS[reading]}, the protocol's reading)"
         if (table == "R1" or figures.name == "real") and (figures / f"{name}_equal_compute.csv").is_file():
             what += "; " + _real(figures, name, df, per_seed)  # the real model: accuracies, time to GRPO's
         bases = dict.fromkeys(base_of(label) for label in judged)

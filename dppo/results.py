@@ -452,6 +452,25 @@ PHASES = {"rollout": ("timing_s/rollout", "timing_s/reward"), "scoring": ("timin
           "update": ("timing_s/update",)}
 
 
+LAST_K = 3  # the evaluations the "last k" accuracy reading averages (docs/method.md §6.4)
+
+
+def last_evaluations(df: pd.DataFrame, k: int = LAST_K) -> float:
+    """The mean of a run's last `k` evaluations on its evaluation subset during training (`eval_subset/avg`, the final
+    evaluation's subset share included; docs/method.md §6.4), a fraction; NaN for a run that evaluated no subset."""
+    if "eval_subset/avg" not in df:
+        return float("nan")
+    trained = df[df["step"] > 0].dropna(subset=["eval_subset/avg"])
+    return float(trained["eval_subset/avg"].tail(k).mean()) if len(trained) else float("nan")
+
+
+def run_commit(run_dir: str | Path) -> str:
+    """The commit of the code that trained a run (its COMMIT_FILE, written by `prepare`), "unrecorded" for runs of
+    code that did not record it."""
+    path = Path(run_dir) / COMMIT_FILE
+    return path.read_text().strip() if path.is_file() else "unrecorded"
+
+
 def summarize(run_dir: str | Path) -> dict:
     """One row: final accuracy per split and average, the step-0 accuracy (NaN when the run skipped it; both on the
     evaluation subset too, `acc_subset/*`, where the run evaluated one), train
@@ -465,14 +484,13 @@ def summarize(run_dir: str | Path) -> dict:
     splits = eval_splits(df)
     row = {f"acc/{s}": evals.iloc[-1].get(f"eval/{s}") for s in splits}  # every split the runs evaluated, in order
     if "eval_subset/avg" in evals:  # the subset every evaluation sampled (eval_subset_size): the curves' problems
-        row.update({"acc_subset/avg": evals.iloc[-1]["eval_subset/avg"],
+        row.update({"acc_subset/avg": evals.iloc[-1]["eval_subset/avg"], "acc_last_k": last_evaluations(df),
                     "acc_subset/start": start["eval_subset/avg"].iloc[0] if len(start) else float("nan")})
     row.update({
         "acc/avg": evals.iloc[-1]["eval/avg"], "acc/start": start["eval/avg"].iloc[0] if len(start) else float("nan"),
         "eval_n": float(eval_counts(run_dir, df).loc[evals.index[-1]]),  # the samples the final evaluation graded
         # the commit of the code that trained it (`prepare`; tables name it), "unrecorded" for runs of earlier code
-        "commit": (Path(run_dir) / COMMIT_FILE).read_text().strip() if (Path(run_dir) / COMMIT_FILE).is_file()
-        else "unrecorded",
+        "commit": run_commit(run_dir),
         "train_s": float(train["timing_s/step"].sum()), "steps": int(train["step"].max()),
         "train_cpu_s": float(train["cpu_s/step"].sum()) if "cpu_s/step" in train else float("nan"),
         "train_flops": float(train["flops/step"].sum()) if "flops/step" in train else float("nan"),

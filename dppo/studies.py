@@ -129,6 +129,7 @@ PROTOCOL_LEVERS = {
 
 
 PROTOCOL_CHOICE = "a"  # the lever T1 trains under on the real model (P1's choice: docs/results.md, "The protocol")
+PROTOCOL_READING = "last_k"  # and the accuracy reading its gains compare (dppo.tables.READINGS; P1's choice too)
 
 
 def protocol_setup(fields: dict) -> dict:
@@ -146,6 +147,25 @@ def protocol_runs(levers: dict = PROTOCOL_LEVERS) -> dict:
                                      {**protocol_setup(fields), **({} if (k, method) == (first, "GRPO") else _NO_START)},
                                      f"protocol/{k}/{method.lower()}")
             for k, fields in levers.items() for method in ("GRPO", "DPPO")}
+
+
+def start_source(layout: dict) -> str | None:
+    """Where a layout none of whose rows evaluates the initial model finds that evaluation: the sub-folder of the
+    protocol's run that made it (`protocol_runs`: its first lever's GRPO; the same model, held-out problems and
+    evaluation stream for every run of a seed), when the layout's rows are protocol runs (the real profile's T1 of the
+    chosen pair alone); None when a row evaluates it or none is a protocol run."""
+    if any(over.get("eval_before_train", True) for _, over, _ in layout.values()):
+        return None
+    if not any(sub.startswith("protocol/") for _, _, sub in layout.values()):
+        return None
+    return next(sub for _, over, sub in protocol_runs().values() if over.get("eval_before_train", True))
+
+
+def accuracy_reading(layout: dict) -> str:
+    """The accuracy reading a table's gains compare (`dppo.tables.READINGS`): the protocol's (PROTOCOL_READING) when
+    its rows hold the chosen lever's pair (the real profile's T1), else the final Pass@1."""
+    chosen = protocol_runs()[f"GRPO, lever {PROTOCOL_CHOICE}"][2]
+    return PROTOCOL_READING if any(sub == chosen for _, _, sub in layout.values()) else "final"
 
 
 def protocol_baseline(label: str) -> str:
@@ -389,7 +409,7 @@ def paper_params(study: str) -> dict:
 
 
 # ------------------------------------------------------------------ the real profile
-# ./reproduce.sh --profile real: the paper's tables (T1 with its five methods and F2, T2, T4, T5) on the real model of
+# ./reproduce.sh --profile real: the paper's tables (T1 and F2, T2, T4, T5) on the real model of
 # R1, every run of the CPU profile's methods (their experiments/cpu/*.yaml) with R1's model, task and sampling
 # (`real_overrides`) and R1's setup (REAL_SETUP), one seed a study until a study's verdict names the seeds it needs;
 # F3 on batches of R1's model and task (no training run); F5 on T1's methods trained again with checkpoints.
@@ -409,9 +429,14 @@ REAL_CHECKPOINTS = {"case_study": {"save_every": 4, "keep_checkpoints": 4, "keep
 # A study's seeds (the others: seed 0). T5 keeps one: a second would take the profile past its 4 hours
 # (docs/results.md, "T4 and T5 on the real model").
 REAL_SEEDS = {"main_results": PROTOCOL_SEEDS, "algorithms": (0, 1), "scale": (0, 1), "ablations": (0, 1)}
+# The rows of T1 the real profile trains: the headline pair, the protocol's chosen GRPO and DPPO runs (P1; their logs
+# committed). Its other rows (GRESO, CPPO, DPPO-proportional) under the protocol take ~2 h more on 2 cores, a GRPO
+# timing twin a seed with them: not trained yet (docs/results.md, "T1 on the real model"), so T1 is the pair alone.
+REAL_T1_ROWS = ("GRPO", "DPPO")
 # A study's own papermill parameters under the real profile: T1 without its shared-prompt rows (R1 has them) and without
-# its longer DPPO run (the time to GRPO's accuracy stands for it).
-REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0, "protocol_pair": PROTOCOL_CHOICE},
+# its longer DPPO run (the time to GRPO's accuracy stands for it), its rows REAL_T1_ROWS.
+REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0, "protocol_pair": PROTOCOL_CHOICE,
+                                      "rows": list(REAL_T1_ROWS)},
                      # T3: SmolLM2-135M-Instruct (R1's) beside Gemma 3 270M, the base model asked in its own
                      # few-shot format (docs/engineering.md §4.6), both on the shared-prompt layout (REAL_LAYOUTS)
                      "scale": {"large_model": "gemma3-270m", "large_config": "experiments/cpu/real_gemma_grpo.yaml",
@@ -434,9 +459,14 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0, "p
 # (2026-12-06, 01:30-02:07 UTC; a SmolLM2 pair 7.4-8.5 min, a Gemma pair 9.7-11.0).
 # F5's 5 runs and its sampling (the problem picked among 64 x 8 answers of each final model, then 32 answers at each
 # of 5 checkpoints) took 48.4 min (2026-12-06, 02:10-02:58 UTC) with a test run of the author's beside it for 26 of
-# them: an upper bound (a quiet T1 run takes 4.6).
-REAL_RUN_MINUTES = {"main_results": 23.0 / 5, "algorithms": 36.9 / 6, "scale": 36.6 / 8, "ablations": 58.8 / 15,
-                    "sensitivity": 58.8 / 15, "case_study": 48.4 / 5}
+# them: an upper bound (a quiet T1 run took 4.6 then; the 25.4 min beyond 5 such runs: F5's sampling, at most).
+# T1 and F5 now train under the protocol's lever (PROTOCOL_CHOICE): a run of T1 takes what a run of the lever's quiet
+# pairs took in P1 (both runs' training and evaluations over 2, 2026-12-06, seeds 1 and 2: lever a GRPO 9.9 min,
+# DPPO 5.9; lever b GRPO 18.1, DPPO 10.9); F5 that plus its sampling's share.
+PROTOCOL_RUN_MINUTES = {"a": 15.8 / 2, "b": 29.0 / 2}
+REAL_RUN_MINUTES = {"main_results": PROTOCOL_RUN_MINUTES[PROTOCOL_CHOICE], "algorithms": 36.9 / 6,
+                    "scale": 36.6 / 8, "ablations": 58.8 / 15, "sensitivity": 58.8 / 15,
+                    "case_study": PROTOCOL_RUN_MINUTES[PROTOCOL_CHOICE] + 25.4 / 5}
 # Minutes of a real-profile study that trains no run, measured the same way: F3's 20 batches (rollouts, per-sample
 # gradients and their sketches) and its mask draws, 33.4 (2026-12-05, 22:57-23:31 UTC).
 REAL_STUDY_MINUTES = {"gradient_variance": 33.4}
@@ -510,12 +540,16 @@ def real_caption(table: str) -> str:
             f"on each seed's {cfg.eval_size} held-out problems x {cfg.eval_samples} samples; time: training-step "
             f"minutes (evaluation excluded); speed-up vs the row's baseline at equal epochs, paired by seed.")
     if table == "T1":
+        others = [label for label in T1_RUNS if label not in REAL_T1_ROWS and label not in TABLES["T1"].layout_rows]
         text += (f" Protocol lever {PROTOCOL_CHOICE} (docs/method.md §6.4): GRPO and DPPO are its runs, every method "
                  f"evaluated every {cfg.eval_every} steps on the first {cfg.eval_subset_size} held-out problems "
-                 f"(the time to GRPO's accuracy); the other methods beside GRPO's timing twin.")
+                 f"(the time to GRPO's accuracy)"
+                 + (f"; its other rows ({' / '.join(others)}) not trained under it yet." if others else
+                    "; the other methods beside GRPO's timing twin."))
     extra = {"T2": " T2 runs off-policy (4 minibatch updates per step); X + DPPO against X.",
-             "T4": " Each ablation changes one thing of DPPO (as the CPU profile's T4).",
-             "T1": " CPPO rolls out ceil(B / (1 - P)) prompts a step (fewer updates); GRESO skips without refill."}
+             "T4": " Each ablation changes one thing of DPPO (as the CPU profile's T4)."}
+    if "CPPO" in REAL_T1_ROWS:
+        extra["T1"] = " CPPO rolls out ceil(B / (1 - P)) prompts a step (fewer updates); GRESO skips without refill."
     if table == "T3":
         large = TrainConfig.load(ROOT / REAL_STUDY_PARAMS["scale"]["large_config"])
         shots = len(large.prompt_template.splitlines()) - 1
@@ -527,7 +561,7 @@ def real_caption(table: str) -> str:
 
 
 LAYOUT_PARAMS = ("configs", "overrides", "large_model", "large_config", "model_labels", "rates", "long_epochs",
-                 "shared_rows", "protocol_pair")  # papermill parameters that shape one
+                 "shared_rows", "protocol_pair", "rows")  # papermill parameters that shape one
 
 
 def layout_params(params: dict) -> dict:
@@ -575,7 +609,7 @@ def row_overrides(config: str, over: dict, overrides: dict) -> tuple[dict, dict[
 def study_layouts(study: str, configs: dict | None = None, overrides: dict | None = None,
                   large_model: str = "embedded-large", model_labels=(SMALL, LARGE), rates=T5_RATES,
                   long_epochs: int = LONG_EPOCHS, shared_rows: bool = True, large_config: str = "",
-                  protocol_pair: str = "", report=print) -> dict[str, dict]:
+                  protocol_pair: str = "", rows=(), report=print) -> dict[str, dict]:
     """{table: layout} that a study notebook trains, from its papermill parameters: `configs` replaces YAML files,
     by row label or by the CPU config file a row uses (the paper profile maps experiments/cpu/grpo.yaml and dppo.yaml
     to its Qwen3 recipes, so T1-T5 train one DPPO recipe and one GRPO recipe), `overrides` applies to every run where
@@ -586,7 +620,8 @@ def study_layouts(study: str, configs: dict | None = None, overrides: dict | Non
     of T1's longer DPPO run (0: none), applied after `overrides`, `shared_rows` whether T1 and R1 keep their rows on
     the shared-prompt layout (`Table.layout_rows`; the paper profile's flash-attn packs them densely), and
     `protocol_pair` a protocol lever whose GRPO and DPPO runs are T1's GRPO and DPPO (the real profile: the chosen
-    lever's pair, `protocol_runs`, the same runs; where that GRPO skipped its step-0 evaluation, GRESO makes it)."""
+    lever's pair, `protocol_runs`, the same runs; where that GRPO skipped its step-0 evaluation, GRESO makes it),
+    `rows` the row labels a study trains of its tables (empty: every row)."""
     configs, overrides = configs or {}, overrides or {}
     if "pruner" in overrides:
         raise ValueError("overrides: 'pruner' is what a study's rows differ in; give a row another YAML file with "
@@ -604,14 +639,14 @@ def study_layouts(study: str, configs: dict | None = None, overrides: dict | Non
             out[label] = (cfg, {**over, **kept, **extra(sub)}, sub)
         return out
     if study == "main_results":
-        rows = apply(T1_RUNS)
+        t1 = apply(T1_RUNS)
         if protocol_pair:  # the protocol's pair as T1's: its runs, field for field (no override of the study's)
-            pair = protocol_runs({protocol_pair: PROTOCOL_LEVERS[protocol_pair]})
-            rows.update({m: pair[f"{m}, lever {protocol_pair}"] for m in ("GRPO", "DPPO")})
-            if rows["GRPO"][1].get("eval_before_train") is False:  # someone evaluates the initial model
-                cfg, over, sub = rows["GRESO"]
-                rows["GRESO"] = (cfg, {k: v for k, v in over.items() if k != "eval_before_train"}, sub)
-        layouts = {"T1": {**rows, **apply(t1_long(long_epochs), lambda sub: {"epochs": long_epochs})}}
+            pair = protocol_runs()  # (every lever's: which of them evaluates the initial model is the layout's)
+            t1.update({m: pair[f"{m}, lever {protocol_pair}"] for m in ("GRPO", "DPPO")})
+            if t1["GRPO"][1].get("eval_before_train") is False:  # someone evaluates the initial model
+                cfg, over, sub = t1["GRESO"]
+                t1["GRESO"] = (cfg, {k: v for k, v in over.items() if k != "eval_before_train"}, sub)
+        layouts = {"T1": {**t1, **apply(t1_long(long_epochs), lambda sub: {"epochs": long_epochs})}}
     elif study == "algorithms":
         layouts = {"T2": apply(T2_RUNS)}
     elif study == "scale":
@@ -632,6 +667,13 @@ def study_layouts(study: str, configs: dict | None = None, overrides: dict | Non
         layouts = {}
     if not shared_rows:
         layouts = {key: {label: row for label, row in layout.items() if label not in TABLES[key].layout_rows}
+                   for key, layout in layouts.items()}
+    if rows:
+        known = [label for layout in layouts.values() for label in layout]
+        unknown = [label for label in rows if label not in known]
+        if unknown:
+            raise ValueError(f"rows: {unknown} are not rows of {study}; allowed: {known}")
+        layouts = {key: {label: row for label, row in layout.items() if label in rows}
                    for key, layout in layouts.items()}
     for (name, why), labels in left_out.items():
         report(f"overrides: {name} not applied to {'; '.join(labels)} ({why})")

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from dppo.results import OTHER_CORES_LIMIT, PHASES, eval_counts, load_run, summarize, timed_with
-from dppo.studies import FIGURES, PAPER, PAPER_GAIN, PAPER_SPEEDUP, Table, longer_rows
+from dppo.results import LAST_K, OTHER_CORES_LIMIT, PHASES, eval_counts, finished, load_run, summarize, timed_with
+from dppo.studies import (FIGURES, PAPER, PAPER_GAIN, PAPER_SPEEDUP, Table, accuracy_reading, longer_rows,
+                          start_source)
 from dppo.verdicts import Interval, t_quantile  # noqa: F401  (t_quantile: figures and benches import it here)
 from dppo import verdicts
 
@@ -44,22 +45,31 @@ UNEVEN_LIMIT = 0.1  # a pair whose two runs met other work differing by more tha
 # with the speed-up in wall-clock and FLOPs and, on CPU, process CPU time; every other column stays in the CSV.
 MD_COLUMNS = {"acc/avg": "avg", "learned": "learned (vs start)", "acc_gain": "gain", "train_min": "time (min)",
               "speedup": "speed-up", "speedup_cpu": "speed-up (CPU)", "speedup_flops": "speed-up (FLOPs)"}
+# The accuracy a paired gain compares (`per_seed`'s `reading`): final Pass@1 on every held-out problem, or the mean of
+# the last LAST_K evaluations on the evaluation subset (the protocol's reading where P1 chose it: docs/method.md §6.4).
+READINGS = {"final": "acc/avg", "last_k": "acc_last_k"}
+READING_WORDS = {"final": "final Pass@1", "last_k": f"the mean of each run's last {LAST_K} evaluations (subset)"}
 CPU_ONLY = ("speedup_cpu",)  # and the contended mark: a GPU run's process CPU time measures the host, not the work
 
 
-def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str]) -> pd.DataFrame:
+def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str],
+             starts: list[Path] | None = None, reading: str = "final") -> pd.DataFrame:
     """One row per (label, seed): summarize() plus speed-ups and accuracy gain against the row's baseline of the
     same seed (`baseline`: one label for every row, or {label: baseline label}); accuracies in %. A row that skipped
     its step-0 evaluation takes acc/start from its baseline, or from the first row of the table whose run of the seed
-    made it (same initial model, problems and sampling seed)."""
+    made it (same initial model, problems and sampling seed), or from `starts` (a run outside the table per seed that
+    made it: `studies.start_source`). `acc_gain` compares the accuracy `reading` names (READINGS)."""
     base_of = baseline if isinstance(baseline, dict) else {label: baseline for label in runs}
     summary = {label: [summarize(d) for d in dirs] for label, dirs in runs.items()}
+    if starts:
+        summary_of_start = [summarize(d) if finished(d) else {} for d in starts]
     rows, clocks = [], {}  # clocks: a timing twin's summary by (label, seed) of the row it times
     for label, seeds in summary.items():
         for i, row in enumerate(seeds):
             base = summary[base_of[label]][i]
             row = {"label": label, "seed": _seed_of(runs[label][i], i), **row}
             others = [base, *(runs_of_label[i] for runs_of_label in summary.values())]  # the baseline first
+            others += [summary_of_start[i]] if starts else []
             for start in ("acc/start", "acc_subset/start"):  # the baseline's, else another row's of the seed (the
                 if start in row and pd.isna(row[start]):  # same initial model, problems and sampling stream)
                     row[start] = next((o[start] for o in others if pd.notna(o.get(start, float("nan")))), float("nan"))
@@ -72,7 +82,8 @@ def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str]) -> pd.
             row.update({k: (clock if k in TIMED else base)[col] / row[col] for k, col in SPEEDUPS.items()})
             if row["timed_with"] == "apart":  # trained at another time than its baseline: not a fair wall-clock pair
                 row.update({k: float("nan") for k in TIMED})
-            row["acc_gain"] = row["acc/avg"] - base["acc/avg"]
+            row["acc_gain"] = row[READINGS[reading]] - base[READINGS[reading]]
+            row["reading"] = reading
             rows.append(row)
     df = pd.DataFrame(rows)
     for c in [c for c in df.columns if c.startswith("acc")]:
@@ -277,7 +288,7 @@ def aggregate(seeds: pd.DataFrame) -> pd.DataFrame:
     (`seeds_timed` of them; all that did not train apart when every pair was contended), `contended` the number of
     contended pairs, `apart` of pairs that trained apart (`results.timed_with`: their timed speed-ups are NaN)."""
     numeric = [c for c in seeds.columns if c not in ("label", "seed", "contended", "pair_contended", "timed_with",
-                                                     "commit")]
+                                                     "commit", "reading")]
     if "pair_contended" not in seeds:
         seeds = seeds.assign(pair_contended=False)
     out = _mean_and_interval(seeds, numeric)
@@ -360,15 +371,18 @@ def write(seeds: pd.DataFrame, name: str, caption: str, paper_key: str | None = 
 
 def table(runs: dict[str, list[Path]], baseline: str | dict[str, str], name: str, caption: str,
           paper_key: str | None = None, out: Path = FIGURES, cpu_columns: bool = True,
-          at_equal_compute: bool = False, longer: tuple[str, ...] = ()) -> pd.DataFrame:
+          at_equal_compute: bool = False, longer: tuple[str, ...] = (),
+          starts: list[Path] | None = None, reading: str = "final") -> pd.DataFrame:
     """per_seed() -> write(): the summary table (one row per label), its caption naming the machine(s) the runs'
     clocks ran on; `cpu_columns` False for GPU runs: no contended pairs there (a rank's load meter counts the other
     ranks of its node as other work, and the CPU is not what a GPU step waits for), every seed's speed-up counts.
     `at_equal_compute` appends equal_compute_table() of every run against the table's first row's baseline (with
     per-row baselines, the rows on another layout — T1's shared-prompt rows — are left out of it); `longer`: labels of
-    runs that trained past the table's epochs, left out of the equal-epoch table and kept in the equal-compute one."""
+    runs that trained past the table's epochs, left out of the equal-epoch table and kept in the equal-compute one;
+    `starts` (per seed) a run outside the table that evaluated the initial model and `reading` the accuracy its gains
+    compare (`per_seed`)."""
     equal_epochs = {label: dirs for label, dirs in runs.items() if label not in longer}
-    seeds = per_seed(equal_epochs, baseline)
+    seeds = per_seed(equal_epochs, baseline, starts, reading)
     if not cpu_columns:
         seeds = seeds.assign(contended=False, pair_contended=False)
     summary = write(seeds, name, caption + machines(equal_epochs) + trained_at(equal_epochs), paper_key, out,
@@ -377,7 +391,7 @@ def table(runs: dict[str, list[Path]], baseline: str | dict[str, str], name: str
         main = baseline if isinstance(baseline, str) else baseline[next(iter(runs))]
         same = {label: dirs for label, dirs in runs.items() if isinstance(baseline, str) or label in longer
                 or baseline.get(label) == main}
-        equal_compute_table(same, main, name, out, cpu_columns)
+        equal_compute_table(same, main, name, out, cpu_columns, starts)
     return summary
 
 
@@ -385,17 +399,27 @@ def build(recipe: Table, layout: dict, runs: dict[str, list[Path]], out: Path = 
           profile: str = "cpu") -> pd.DataFrame:
     """A study's table from its registry recipe (`studies.Table`), as its study notebook and paper_figures build it:
     table() over the trained `runs` of `layout` into `out`, each row against its baseline, with the recipe's caption
-    and equal-compute table (the rows that trained past the table's epochs, `studies.longer_rows`, only there)."""
-    return table(runs, recipe.baselines(runs), recipe.name, recipe.full_caption(runs, profile), recipe.key, out,
-                 cpu_columns=profile != "paper", at_equal_compute=recipe.at_equal_compute, longer=longer_rows(layout))
+    and equal-compute table (the rows that trained past the table's epochs, `studies.longer_rows`, only there); where
+    no row evaluated the initial model, the run of each seed that did (`studies.start_source`) gives the start; the
+    gains compare the layout's accuracy reading (`studies.accuracy_reading`: the protocol's, for its chosen pair)."""
+    source, starts, reading = start_source(layout), None, accuracy_reading(layout)
+    if source:  # a run folder is <root>/<its row's sub-folder>/seed<n>: the source's sits beside it
+        label, (_, _, sub) = next(iter(layout.items()))
+        starts = [d.parents[len(Path(sub).parts)] / source / d.name for d in runs[label]]
+    caption = recipe.full_caption(runs, profile)
+    if reading != "final":
+        caption += (f" Gain: on the protocol's reading, {READING_WORDS[reading]} (docs/method.md §6.4); avg: "
+                    f"{READING_WORDS['final']}.")
+    return table(runs, recipe.baselines(runs), recipe.name, caption, recipe.key, out, cpu_columns=profile != "paper",
+                 at_equal_compute=recipe.at_equal_compute, longer=longer_rows(layout), starts=starts, reading=reading)
 
 
 def equal_compute_table(runs: dict[str, list[Path]], baseline: str, name: str, out: Path = FIGURES,
-                        cpu_columns: bool = True) -> pd.DataFrame:
+                        cpu_columns: bool = True, starts: list[Path] | None = None) -> pd.DataFrame:
     """equal_compute() of every run against `baseline`: figures/<name>_equal_compute.csv (summary) and
     _equal_compute_seeds.csv (per seed), and its table appended to <name>.md; returns the summary. `runs` may hold runs
     that trained longer than the baseline (their accuracy at the baseline's time is defined; shorter runs' is not)."""
-    seeds = per_seed(runs, baseline)
+    seeds = per_seed(runs, baseline, starts)
     if not cpu_columns:
         seeds = seeds.assign(pair_contended=False)
     rows = equal_compute(runs, baseline, seeds)
@@ -508,12 +532,16 @@ def sentence(summary: pd.DataFrame, label: str, baseline: str, paper_key: str | 
 
 def sooner(equal: pd.DataFrame, label: str, flops_ratios) -> str:
     """The time-to-accuracy verdict of a row of an equal-compute summary (`verdicts.sooner`): its speed-up to the
-    baseline's final accuracy over the seeds the grid resolves, and its whole-run FLOPs ratios per seed."""
+    baseline's final accuracy over the seeds the grid resolves and that were timed on a quiet machine (the mean's
+    `speedup_reach_n`), and its whole-run FLOPs ratios per seed."""
     if "reach_resolved" not in equal:  # written before the grid's resolution was recorded: not judged
         return "time to accuracy not judged (the grid's resolution was not recorded)"
     n = int(equal.loc[label, "reach_resolved"])
+    timed = int(equal.loc[label, "speedup_reach_n"]) if "speedup_reach_n" in equal else n
+    if n >= 2 > timed and not verdicts.same_work(flops_ratios):
+        return f"time to accuracy not judged ({timed} of the {n} seeds the grid resolves timed on a quiet machine)"
     return verdicts.sooner(Interval.from_summary(equal.loc[label, "speedup_reach"], equal.loc[label, "speedup_reach_ci"],
-                                                 n) if n else Interval(math.nan, math.nan, 0), flops_ratios)
+                                                 timed) if timed else Interval(math.nan, math.nan, 0), flops_ratios)
 
 
 def equal_compute_sentences(summary: pd.DataFrame, baseline: str, flops: dict | None = None) -> str:

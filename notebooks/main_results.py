@@ -38,6 +38,7 @@ profile = "cpu"  # "paper": results under experiments/results/paper, tables and 
 long_epochs = 8  # epochs of the DPPO run trained for about GRPO's time (T1 at equal compute); 0: no such run
 shared_rows = True  # also GRPO and DPPO on the shared-prompt layout (rows "X, shared prompts": what sharing gives each)
 protocol_pair = ""  # a protocol lever whose GRPO and DPPO runs are T1's (the real profile: the chosen one; docs/method.md §6.4)
+rows = []  # the rows of T1 to train ([]: every row; the real profile: its headline pair, dppo.studies.REAL_T1_ROWS)
 
 # %%
 import pandas as pd
@@ -48,7 +49,7 @@ from dppo import figures, results, studies, tables
 if smoke:
     seeds = seeds[:2]  # two seeds still give intervals
 layout = studies.study_layouts("main_results", configs=configs, overrides=overrides, long_epochs=long_epochs,
-                                shared_rows=shared_rows, protocol_pair=protocol_pair)["T1"]
+                                shared_rows=shared_rows, protocol_pair=protocol_pair, rows=rows)["T1"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
                           baseline=studies.TABLES["T1"].baseline)  # a run with its baseline, where they fit
 out = results.figures_dir(results_dir, smoke, profile)

@@ -184,7 +184,7 @@ def test_seeds_are_paired_and_intervals_are_students_t(tmp_path):
     header = md.splitlines()[0]
     assert "2.50 ± 1.24" in md and "speed-up (FLOPs)" in header and "train_cpu_s" not in header  # paper's columns
     text = tables.sentences(summary, "GRPO", "T1")
-    assert "2.50x (95% CI 1.26-3.74)" in text and "+2.0 points (95% CI +2.0 to +2.0: better)" in text
+    assert "2.50x (95% CI 1.26-3.74)" in text and "+2.0 points (95% CI +2.0 to +2.0: higher)" in text
     assert "The paper reports 2.37x" in text and "inside our interval" in text
 
 
@@ -230,9 +230,10 @@ def test_equal_compute_time_to_the_baselines_accuracy_and_accuracy_at_its_time(t
     reach it before its end: its own time to it is the reference); the budget is GRPO's training time, and a run's
     accuracy there is its last evaluation within it, defined only for runs that trained that long."""
     runs = {
-        # seed 0: 10 s / step, evals 20% -> 40% (step 2, 20 s) -> 35% (end, 40 s): target 35, reached at 20 s
+        # seed 0: 10 s / step, evals 20% -> 25% (step 1) -> 40% (step 2, 20 s) -> 35% (end, 40 s): target 35, reached
+        # at 20 s, after an evaluation that had not (the grid resolves it: `tables.resolved`)
         # seed 1: evals 20% -> 30% -> 50% (end): target 50, reached at 40 s
-        "GRPO": [_curve_run(tmp_path / "g/seed0", 10.0, 10.0, {0: 0.2, 2: 0.4, 4: 0.35}, 4),
+        "GRPO": [_curve_run(tmp_path / "g/seed0", 10.0, 10.0, {0: 0.2, 1: 0.25, 2: 0.4, 4: 0.35}, 4),
                  _curve_run(tmp_path / "g/seed1", 10.0, 10.0, {0: 0.2, 2: 0.3, 4: 0.5}, 4)],
         # 4 s / step: seed 0 reaches 35 at step 4 (16 s); seed 1 never reaches 50
         "DPPO": [_curve_run(tmp_path / "d/seed0", 4.0, 3.0, {2: 0.3, 4: 0.36}, 4),
@@ -285,8 +286,9 @@ def test_equal_compute_never_counts_the_initial_model_as_reaching_the_target(tmp
 
 
 def test_equal_compute_leaves_contended_pairs_out_of_its_timed_columns(tmp_path):
-    runs = {"GRPO": [_curve_run(tmp_path / f"g/seed{s}", 10.0, 10.0, {0: 0.2, 4: 0.3}, 4) for s in range(3)],
-            "DPPO": [_curve_run(tmp_path / f"d/seed{s}", 4.0 if s else 9.0, 3.0, {4: 0.3}, 4, other_cores=1.0 if s == 0 else 0.02)
+    # an evaluation at step 2 short of the target: the grid resolves every time to it (`tables.resolved`)
+    runs = {"GRPO": [_curve_run(tmp_path / f"g/seed{s}", 10.0, 10.0, {0: 0.2, 2: 0.2, 4: 0.3}, 4) for s in range(3)],
+            "DPPO": [_curve_run(tmp_path / f"d/seed{s}", 4.0 if s else 9.0, 3.0, {2: 0.2, 4: 0.3}, 4, other_cores=1.0 if s == 0 else 0.02)
                      for s in range(3)]}
     seeds = tables.per_seed(runs, "GRPO")
     summary = tables.aggregate_equal_compute(tables.equal_compute(runs, "GRPO", seeds))

@@ -21,7 +21,9 @@ def _run(path, finals: float, curve: list[float], step_s: float, eval_s: float, 
     rows = [] if start is None else [{"step": 0, "eval/avg": start / 100, "eval_subset/avg": start / 100,
                                       "eval_n": problems * samples, "timing_s/eval": eval_s}]
     for s in range(1, steps + 1):
-        row = {"step": s, "epoch": 2 * s / steps, "timing_s/step": step_s}
+        row = {"step": s, "epoch": 2 * s / steps, "timing_s/step": step_s, "cpu_s/step": step_s, "flops/step": step_s,
+               "tokens/generated": 1, "tokens/trained": 1, "kept/prompt_frac": 1.0, "kept/completion_frac": 1.0,
+               "density/valid_token": 1.0}
         if s % 2 == 0 or s == steps:
             row.update({"eval_subset/avg": curve[s - 1] / 100, "eval_subset_n": 128 * samples, "timing_s/eval": eval_s})
         if s == steps:
@@ -116,3 +118,33 @@ def test_the_choice_is_the_cheapest_measured_reading_whose_baseline_learned():
     assert protocol.decision(chosen).startswith("**Chosen: lever a, x: paired s.d. 6.0 points over 4 seeds")
     unlearned = protocol.choose(table.assign(grpo_learned_lo=-1.0))  # no lever's GRPO learned: nothing is chosen
     assert protocol.decision(unlearned).startswith("**No protocol chosen: no lever's GRPO learned**")
+
+
+
+def test_the_provenance_line_names_the_commit_the_protocols_runs_trained_at(lever_runs, tmp_path):
+    """P1 in the pages' provenance line (dppo.readme.provenance): the commit its runs name (commit.txt)."""
+    from dppo import readme
+
+    for d in [d for dirs in lever_runs.values() for d in dirs]:
+        (d / "commit.txt").write_text("abc123\n")
+    levers = {"a": {"lr": 3e-5, "train_size": 64, "epochs": 2}}
+    pairs = protocol.pairs(lever_runs, levers)
+    protocol.write(lever_runs, levers, pairs, protocol.readings(pairs), tmp_path)
+    assert readme.provenance(tmp_path) == ("Provenance: P1 (4 seeds a lever): trained at commit abc123 (run logs "
+                                           "under experiments/results/)."), readme.provenance(tmp_path)
+
+
+def test_a_tables_gain_on_the_protocols_last_k_reading_is_p1s(lever_runs):
+    """Where P1 chose the last-k reading, a table's paired gain (dppo.tables.per_seed, reading "last_k") is the same
+    difference P1 measured, not the final one: seed 0's DPPO dips to 30% at step 8, one of its last 3 evaluations."""
+    from dppo import tables
+
+    d0 = lever_runs["DPPO, lever a"][0] / "metrics.jsonl"
+    rows = [json.loads(line) for line in d0.read_text().splitlines()]
+    d0.write_text("".join(json.dumps({**r, "eval_subset/avg": 0.3} if r["step"] == 8 else r) + "\n" for r in rows))
+    pairs = protocol.pairs(lever_runs, ["a"])
+    assert pairs["gain_last_k"].iloc[0] == pytest.approx(GAINS[0] - (50 + GAINS[0] - 30) / 3)
+    runs = {"GRPO": lever_runs["GRPO, lever a"], "DPPO": lever_runs["DPPO, lever a"]}
+    for reading, column in (("final", "gain_final"), ("last_k", "gain_last_k")):
+        seeds = tables.per_seed(runs, "GRPO", reading=reading)
+        assert seeds.loc[seeds["label"] == "DPPO", "acc_gain"].tolist() == pytest.approx(pairs[column].tolist())

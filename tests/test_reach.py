@@ -143,3 +143,25 @@ def test_the_old_two_point_grid_fakes_sooner_and_the_new_rule_does_not(tmp_path)
     assert resolved == 0 and said == "time to accuracy not resolved by the evaluation grid"
     ratios, resolved, said = verdict["new"]
     assert ratios == pytest.approx([1.0] * 3) and resolved == 3 and said == "time to accuracy unresolved"
+
+
+def test_a_time_to_accuracy_verdict_counts_only_seeds_timed_on_a_quiet_machine(tmp_path):
+    """The grid resolves all 3 seeds' times, but 2 of DPPO's pairs met other work (dppo.tables' contended rule): the
+    mean speed-up to the target rests on 1 quiet seed, which has no interval, and the verdict says so instead of
+    reading the resolved count as the mean's."""
+    def grpo(s):
+        return 20 + 35 * min(s, 4) / 4
+
+    def dppo(s):
+        return 20 + 35 * min(s, 8) / 8
+    grid = list(range(2, 16, 2))
+    runs = {"GRPO": [_subset_run(tmp_path / f"g/seed{s}", 20.0, 16, grpo, grid) for s in range(3)],
+            "DPPO": [_subset_run(tmp_path / f"d/seed{s}", 10.0, 15, dppo, grid) for s in range(3)]}
+    for d in runs["DPPO"][:2]:  # every step of seeds 0 and 1 beside a process that took both cores
+        path = d / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**r, "load/other_cores": 2.0} if r["step"] else r) + "\n" for r in rows))
+    summary = tables.aggregate_equal_compute(tables.equal_compute(runs, "GRPO", tables.per_seed(runs, "GRPO")))
+    assert summary.loc["DPPO", "reach_resolved"] == 3 and summary.loc["DPPO", "speedup_reach_n"] == 1
+    said = tables.sooner(summary, "DPPO", [2.0] * 3)
+    assert said == "time to accuracy not judged (1 of the 3 seeds the grid resolves timed on a quiet machine)", said

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dppo import budget, studies
+from dppo import budget, results, studies
 from dppo.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,6 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def real_runs(study: str) -> dict[str, TrainConfig]:
     return {str(out): cfg for out, (_, cfg) in budget.study_runs(study, "real").items()}
+
+
+def _t1_every_row() -> dict:
+    """The real profile's T1 layout with every row (REAL_T1_ROWS trains the headline pair of it)."""
+    params = {**studies.real_params("main_results"), "rows": []}
+    return studies.study_layouts("main_results", **studies.layout_params(params), report=lambda line: None)["T1"]
 
 
 def test_every_real_profile_run_trains_r1s_model_and_task():
@@ -39,10 +45,11 @@ def test_every_real_profile_run_trains_r1s_model_and_task():
             # 1.6 GB a run: 36 runs filled a disk; F5's 5 runs keep theirs, as weights only (the case study reads them)
             assert cfg.keep_checkpoints_after_final == (study == "case_study"), out
     t1 = studies.study_layouts("main_results", **studies.layout_params(studies.real_params("main_results")))["T1"]
-    assert list(t1) == ["GRPO", "GRESO", "CPPO", "DPPO", "DPPO, proportional"]
+    assert list(t1) == list(studies.REAL_T1_ROWS) == ["GRPO", "DPPO"]  # the headline pair (its other rows: not yet)
     f5 = real_runs("case_study")
     assert [out.split("/")[-2] for out in f5] == ["grpo", "greso", "cppo", "dppo", "dppo_proportional"]
-    t1_runs = {out.split("/")[-2]: cfg for out, cfg in real_runs("main_results").items() if out.endswith("/seed0")}
+    t1_runs = {sub.split("/")[-1]: results._config(cfg, sub, **{**over, "seed": 0})
+               for cfg, over, sub in _t1_every_row().values()}
     for out, cfg in f5.items():  # T1's seed-0 run of the method field for field, but where it trains, what it keeps,
         t1_cfg = t1_runs[out.split("/")[-2]]  # and GRPO's unread refill window (T1's GRPO is the protocol's run)
         keeps = ("output_dir", "save_every", "keep_checkpoints", "keep_checkpoints_after_final", "eval_every",
@@ -56,10 +63,8 @@ def test_the_real_t1s_grpo_and_dppo_are_the_protocols_chosen_pair():
     the same folders, config for config, so T1 reuses them (the protocol's pairs trained in turn); its other rows
     train with the lever's setup (fields, evaluation subset and grid). Without that, the pair would be trained twice
     and T1's headline pair would not be the one P1 measured."""
-    from dppo import results
-
     params = studies.real_params("main_results")
-    t1 = studies.study_layouts("main_results", **studies.layout_params(params), report=lambda line: None)["T1"]
+    t1 = _t1_every_row()
     pair = studies.protocol_runs()
     lever = studies.PROTOCOL_LEVERS[studies.PROTOCOL_CHOICE]
 
@@ -75,6 +80,12 @@ def test_the_real_t1s_grpo_and_dppo_are_the_protocols_chosen_pair():
             (lever["train_size"], lever["epochs"], lever["lr"], lever["lr_scheduler_type"]), label
         assert (cfg.eval_every, cfg.eval_subset_size) == (2, 128) and t1[label][2].startswith("main_results/")
     assert params["seeds"] == list(studies.PROTOCOL_SEEDS)
+    # the pair alone evaluates no initial model (the chosen lever's GRPO skipped it, the first lever's made it): T1's
+    # start, and GRPO's learning, come from that run of the seed; with GRESO in the layout, from GRESO's
+    pair_alone = studies.study_layouts("main_results", **studies.layout_params(params), report=lambda line: None)["T1"]
+    first = next(iter(studies.PROTOCOL_LEVERS))
+    assert studies.start_source(pair_alone) == (None if studies.PROTOCOL_CHOICE == first else f"protocol/{first}/grpo")
+    assert studies.start_source(t1) is None
 
 
 def test_the_real_t3s_larger_rows_train_the_gemma_config_and_every_row_one_layout():
@@ -124,46 +135,79 @@ def test_real_captions_are_made_from_the_runs_fields(monkeypatch):
     assert f"Protocol lever {studies.PROTOCOL_CHOICE}" in studies.caption("T1", "real")
 
 
+def _reused(runs: dict[str, TrainConfig]) -> set[str]:
+    """The runs a study skips here: finished by this code (a fresh clone: those whose run logs are committed)."""
+    from dppo import results
+
+    return {out for out, cfg in runs.items() if results.reusable(cfg, ROOT / out)}
+
+
 def test_dry_run_lists_the_real_runs_and_their_minutes():
     done = subprocess.run(["bash", "reproduce.sh", "--profile", "real", "--dry-run"], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     earlier: set[str] = set()
     for study in studies.REAL_STUDIES:
-        alone = set(real_runs(study))
-        # a run an earlier study trains (T5's GRPO and DPPO are T4's) counts there; the timing twins (a baseline
-        # again beside rows it cannot train with: T4's 7 runs a seed, 6 fit on 24 GB) count too
-        twins = budget.timing_twins(study, "real", {Path(out) for out in earlier})
-        n = len(alone - earlier) + twins
-        earlier |= alone
+        alone = real_runs(study)
+        # a run an earlier study trains (T5's GRPO and DPPO are T4's) counts there, a run finished here (its committed
+        # log) not at all; the timing twins (a baseline again beside rows it cannot train with: T4's 7 runs a seed,
+        # 6 fit on 24 GB) count too
+        mine = {out: cfg for out, cfg in alone.items() if out not in earlier}
+        reused = _reused(mine)
+        twins = budget.timing_twins(study, "real", {Path(out) for out in earlier | reused})
+        n = len(set(mine) - reused) + twins
+        earlier |= set(alone)
         assert f"papermill notebooks/{study}.ipynb" in done.stdout
         line = next(ln for ln in done.stdout.splitlines() if ln.startswith(f"{study} "))
         assert f"{n:3d} runs ~{studies.real_minutes(study, n):.0f} min" in line, line
         assert (f"({twins} of them timing twins)" in line) == (twins > 0), line
-        # each study within 75 minutes on 2 cores, even run alone (--study NAME: every run of its own)
+        assert (f"; {len(reused)} finished runs reused" in line) == bool(reused), line
+        # each study within 75 minutes on 2 cores, even trained again alone (--study NAME --retrain: every run of its
+        # own); T1 within what its protocol's pairs cost (P1: 4 seeds of a pair trained in turn, ~16 min each under
+        # lever a, ~29 under b), F5 (T1's five methods once, in its setup, and their sampling) within 100
         alone_n = len(alone) + budget.timing_twins(study, "real", set())
-        assert studies.real_minutes(study, alone_n) <= 75, (study, alone_n)
+        limit = {"main_results": 150, "case_study": 100}.get(study, 75)
+        assert studies.real_minutes(study, alone_n) <= limit, (study, alone_n)
     assert budget.timing_twins("ablations", "real", set()) == 2  # seed 0 and seed 1: [GRPO + 5 rows], [twin, 1 row]
     total = next(ln for ln in done.stdout.splitlines() if ln.startswith("total "))
     minutes = {ln.split()[0]: int(ln.split("~")[1].split()[0]) for ln in done.stdout.splitlines() if " runs ~" in ln}
     assert int(total.split("~")[1].split()[0]) == pytest.approx(sum(v for k, v in minutes.items() if k != "total"),
                                                                 abs=len(minutes))  # (each rounded)
-    # T1, T2, T4 and T5 within 4 h 10 min with bootstrap and tables: 4 h without the timing twins' 16 min
-    # (docs/results.md); T3 and F3 (issue 59) each within 75 minutes, above
-    assert sum(minutes[s] for s in ("main_results", "algorithms", "ablations", "sensitivity")) <= 250, minutes
+    # T2, T4 and T5 within 3 h with their timing twins (docs/results.md); T3, F3 and F5 each within 75 minutes, above
+    assert sum(minutes[s] for s in ("algorithms", "ablations", "sensitivity")) <= 180, minutes
 
 
 def test_reproduce_without_options_is_the_real_t1():
-    """`./reproduce.sh` alone trains the main table on the real model (a baseline that learns): the real profile's
-    T1 over its seeds, nothing of the embedded studies, within the 90 minutes a default run may take; `--profile cpu`
-    is the embedded default's every study."""
+    """`./reproduce.sh` alone makes the main table on the real model (a baseline that learns): the real profile's T1
+    over its seeds, nothing of the embedded studies; a run whose log is committed is reused, not trained (a fresh
+    clone rebuilds T1 from its logs), and `--retrain` trains every one again; `--profile cpu` is the embedded
+    default's every study."""
     plain = subprocess.run(["bash", "reproduce.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    again = subprocess.run(["bash", "reproduce.sh", "--retrain", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=600)
     cpu = subprocess.run(["bash", "reproduce.sh", "--profile", "cpu", "--dry-run"], cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
-    assert plain.returncode == 0 and cpu.returncode == 0, (plain.stderr[-2000:], cpu.stderr[-2000:])
-    trained = [ln for ln in plain.stdout.splitlines() if "dppo train --config" in ln]
-    assert len(trained) == len(real_runs("main_results")) == 5 * len(studies.REAL_SEEDS["main_results"]), trained
-    assert all("experiments/results/real/main_results/" in ln for ln in trained), trained
-    total = next(ln for ln in plain.stdout.splitlines() if ln.startswith("total "))
-    assert int(total.split("~")[1].split()[0]) <= 85, total  # the estimate, with bootstrap and tables, within 90 min
+    assert plain.returncode == again.returncode == cpu.returncode == 0, (plain.stderr[-2000:], cpu.stderr[-2000:])
+    runs = real_runs("main_results")
+    assert len(runs) == len(studies.REAL_T1_ROWS) * len(studies.REAL_SEEDS["main_results"])
+    for done, reused in ((plain, _reused(runs)), (again, set())):
+        trained = {ln.split(" -> ")[1] for ln in done.stdout.splitlines() if "dppo train --config" in ln}
+        skipped = {ln.split(" -> ")[1] for ln in done.stdout.splitlines() if "(finished by this code: reused)" in ln}
+        assert skipped == reused and trained == set(runs) - reused, (trained, skipped)
+        assert all(out.startswith(("experiments/results/real/main_results/", "experiments/results/real/protocol/"))
+                   for out in trained | skipped)
     assert "experiments/results/real/" not in cpu.stdout and "papermill notebooks/packing.ipynb" in cpu.stdout
+
+
+def test_a_fresh_clone_makes_t1_within_90_minutes():
+    """Every T1 run's log is committed: `./reproduce.sh` on a fresh clone trains nothing and rebuilds T1 and F2 from
+    them (bootstrap and tables within the 90 minutes a default run may take); trained again (`--retrain`), the pair's
+    4 seeds take ~65 min."""
+    plain = subprocess.run(["bash", "reproduce.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "experiments/results/real"], capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert all(f"{out}/metrics.jsonl" in tracked for out in real_runs("main_results"))
+    total = next(ln for ln in plain.stdout.splitlines() if ln.startswith("total "))
+    assert int(total.split("~")[1].split()[0]) <= 85 and " 0 runs " in plain.stdout, plain.stdout[-500:]
+
+

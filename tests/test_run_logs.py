@@ -92,6 +92,9 @@ def test_the_protocol_table_rebuilds_from_its_committed_logs(tmp_path):
     protocol.write(runs, studies.PROTOCOL_LEVERS, pairs, protocol.readings(pairs), tmp_path)
     for name in ("P1_protocol.csv", "P1_protocol_pairs.csv", "P1_protocol.md"):
         assert (tmp_path / name).read_text() == (REAL / name).read_text(), f"{name} differs from its rebuild"
+    # what T1 trains under is what P1 chose: its lever and its reading
+    chosen = protocol.choose(pd.read_csv(REAL / "P1_protocol.csv"))
+    assert (chosen["lever"], chosen["reading"]) == (studies.PROTOCOL_CHOICE, studies.PROTOCOL_READING), chosen
 
 
 def test_the_logs_are_a_few_megabytes():
