@@ -565,7 +565,7 @@ def equal_compute_sentences(summary: pd.DataFrame, baseline: str, flops: dict | 
         elif k:
             text += ", in no seed at a time the evaluation grid resolves"
         if flops is not None:
-            text += f": {sooner(summary, label, flops[label])}"
+            text += f": {sooner(summary, label, flops.get(label, []))}"  # (a longer run has no equal-epoch ratio)
         if pd.notna(summary.loc[label, "acc_at_budget"]):
             g, glo, ghi = interval(summary, label, "gain_at_budget")
             verdict = ("indistinguishable from zero" if glo <= 0 <= ghi else "better" if glo > 0 else "worse") \

@@ -148,3 +148,15 @@ def test_a_tables_gain_on_the_protocols_last_k_reading_is_p1s(lever_runs):
     for reading, column in (("final", "gain_final"), ("last_k", "gain_last_k")):
         seeds = tables.per_seed(runs, "GRPO", reading=reading)
         assert seeds.loc[seeds["label"] == "DPPO", "acc_gain"].tolist() == pytest.approx(pairs[column].tolist())
+
+
+def test_a_table_none_of_whose_runs_evaluated_the_start_reads_it_from_the_run_that_did(lever_runs):
+    """DPPO skipped its step-0 evaluation (as a second lever's pair does); given the run of each seed that made it
+    (`starts`: dppo.studies.start_source), its start and so its learning are that run's; without, unknown."""
+    from dppo import tables
+
+    dppo_only = {"DPPO": lever_runs["DPPO, lever a"]}
+    assert tables.per_seed(dppo_only, "DPPO")["acc/start"].isna().all()
+    seeds = tables.per_seed(dppo_only, "DPPO", starts=lever_runs["GRPO, lever a"])
+    assert seeds["acc/start"].tolist() == pytest.approx([20.0 + s for s in range(len(GAINS))])
+    assert seeds["learned"].tolist() == pytest.approx([50.0 + g - 20.0 - s for s, g in enumerate(GAINS)])
