@@ -211,3 +211,12 @@ def test_a_fresh_clone_makes_t1_within_90_minutes():
     assert int(total.split("~")[1].split()[0]) <= 85 and " 0 runs " in plain.stdout, plain.stdout[-500:]
 
 
+
+
+def test_rows_names_a_tables_rows_and_refuses_others():
+    """The `rows` parameter (the real profile's T1: its headline pair) keeps the rows it names; a label no table of the
+    study has is a one-line error naming the allowed ones."""
+    pair = studies.study_layouts("main_results", rows=["GRPO", "DPPO"], report=lambda line: None)["T1"]
+    assert list(pair) == ["GRPO", "DPPO"]
+    with pytest.raises(ValueError, match=r"rows: \['PPO'\] are not rows of main_results; allowed: \['GRPO'"):
+        studies.study_layouts("main_results", rows=["PPO"], report=lambda line: None)
