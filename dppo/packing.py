@@ -5,15 +5,20 @@ best-fit-decreasing; position ids restart at 0 for every sequence and no attenti
 so transformers derives the block-diagonal causal mask from the restarting positions (sdpa/eager), or the
 varlen cu_seqlens of flash-attn, which it does only for a batch of one row: with a flash-attn varlen kernel every
 sequence of a micro-batch goes in one row, and with a kernel that separates nothing, one sequence a row
-(`attention_rows`, `packed_layout`). Only completion tokens are read back, so the logits at sequence
-boundaries (which would predict the next sequence's first token) are never used.
+(`attention_rows`, `packed_layout`). A model with a layer that carries state along the sequence (recurrent,
+linear-attention, convolution, state-space: Qwen3.5, Qwen3-Next, LFM2, Mamba, Jamba, ...) gets one sequence a row
+whatever its attention kernel: nothing restarts that state at a sequence boundary (`stateful_layer`, `packed_rows`).
+Only completion tokens are read back, so the logits at sequence boundaries (which would predict the next sequence's
+first token) are never used.
 
     packed logp[n, t] == padded logp[n, t]   (fp32: max abs diff <= 1e-5; tested)
 """
 
 from __future__ import annotations
 
+import re
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -101,10 +106,59 @@ def attention_rows(attn_implementation: str) -> str:
     return ONE_SEQUENCE
 
 
-def _attention_kernel(scorer) -> str:
-    """The attn_implementation of a (possibly DDP-wrapped) TokenLogprobs' causal LM."""
-    policy = getattr(scorer, "module", scorer).policy
-    return getattr(policy.config, "_attn_implementation", "sdpa") or "sdpa"
+# What transformers names the layers of config.layer_types that mix the sequence by attention alone (a mask keeps
+# packed sequences apart in them); it names every other kind otherwise ("linear_attention": gated delta-nets and
+# Mamba mixers; "conv": LFM2's short convolutions; "hybrid": Falcon-H1's attention and Mamba side by side).
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
+_STATEFUL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> stateful_layer(model), read once
+_SAID: weakref.WeakSet = weakref.WeakSet()  # models whose one-sequence-a-row layout was said
+
+
+def stateful_layer(model: torch.nn.Module) -> str | None:
+    """The first layer of a causal LM that carries state along the sequence — recurrent, linear-attention,
+    convolution or state-space — as "model.layers.0 (linear_attention: Qwen3_5DecoderLayer)", or None for a model
+    whose layers mix the sequence by attention only. Read from what the model is, once per model: an entry of
+    `config.layer_types` outside ATTENTION_LAYER_TYPES, else a torch Conv1d or RNN module (what every such layer
+    holds: a causal convolution over the sequence or a recurrence), so a family transformers adds later is caught by
+    its modules."""
+    if model in _STATEFUL:
+        return _STATEFUL[model]
+    names = dict(model.named_modules())
+    found = None
+    for i, kind in enumerate(getattr(getattr(model, "config", None), "layer_types", None) or []):
+        if kind not in ATTENTION_LAYER_TYPES:
+            path = next((n for n in names if re.search(rf"(^|\.)layers\.{i}$", n)), f"layer {i}")
+            found = f"{path} ({kind}: {type(names[path]).__name__ if path in names else 'layer'})"
+            break
+    if found is None:
+        for name, module in names.items():
+            if isinstance(module, (torch.nn.Conv1d, torch.nn.RNNBase)):
+                parent = names.get(name.rpartition(".")[0], module)
+                found = f"{name} ({type(module).__name__} in {type(parent).__name__})"
+                break
+    _STATEFUL[model] = found
+    return found
+
+
+def packed_rows(model: torch.nn.Module) -> tuple[str, str]:
+    """(how the model takes packed sequences, why): `attention_rows` of its attention kernel, unless a layer carries
+    state along the sequence (`stateful_layer`): then one sequence a row (ONE_SEQUENCE), whatever the kernel — said
+    once per model. The one place dppo's trainer, its scorer and `DPPOTrainer` decide a layout (docs/method.md §3.2)."""
+    attn = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    layer = stateful_layer(model)
+    if layer is None:
+        return attention_rows(attn), f"attn_implementation {attn}"
+    why = f"{layer} carries state along the sequence"
+    if model not in _SAID:
+        _SAID.add(model)
+        warnings.warn(f"packing one sequence a row: {why} (packed rows would carry one sequence's state into the "
+                      f"next; docs/method.md §3.2)", stacklevel=3)
+    return ONE_SEQUENCE, why
+
+
+def _policy(scorer) -> torch.nn.Module:
+    """The causal LM of a (possibly DDP-wrapped) TokenLogprobs."""
+    return getattr(scorer, "module", scorer).policy
 
 
 def padded_groups(lengths: list[int], budget: int) -> list[list[int]]:
@@ -119,11 +173,10 @@ def padded_groups(lengths: list[int], budget: int) -> list[list[int]]:
     return groups
 
 
-def packed_layout(lengths: list[int], capacity: int, attn_implementation: str = "sdpa") -> list[list[int]]:
-    """Rows of sequence indices handed to the attention kernel (`attention_rows`): rows: best-fit-decreasing rows of
-    <= `capacity` tokens; one_row: every sequence in ONE row, longest first; one_sequence: a row per sequence,
-    longest first."""
-    rows = attention_rows(attn_implementation)
+def packed_layout(lengths: list[int], capacity: int, rows: str = ROWS) -> list[list[int]]:
+    """Rows of sequence indices handed to the model, for how it takes packed sequences (`packed_rows`): rows:
+    best-fit-decreasing rows of <= `capacity` tokens; one_row: every sequence in ONE row, longest first;
+    one_sequence: a row per sequence, longest first."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     if rows == ONE_ROW:
         return [order]
@@ -132,17 +185,15 @@ def packed_layout(lengths: list[int], capacity: int, attn_implementation: str = 
     return pack_rows(lengths, capacity)
 
 
-def check_layout(layout: list[list[int]], attn_implementation: str) -> None:
-    """Refuse a layout the kernel would score wrongly: several rows for a one-row kernel, or two sequences (or
-    segments) in a row for a kernel that does not separate them."""
-    rows = attention_rows(attn_implementation)
+def check_layout(layout: list[list[int]], rows: str, why: str) -> None:
+    """Refuse a layout the model would score wrongly (`packed_rows`: how it takes packed sequences, and why):
+    several rows for a one-row kernel, or two sequences (or segments) in a row for a model that does not separate
+    them."""
     if rows == ONE_ROW and len(layout) > 1:
-        raise ValueError(f"attn_implementation {attn_implementation} takes a packed micro-batch as one row, got "
-                         f"{len(layout)} rows")
+        raise ValueError(f"{why} takes a packed micro-batch as one row, got {len(layout)} rows")
     if rows == ONE_SEQUENCE and any(len(row) > 1 for row in layout):
-        raise ValueError(f"attn_implementation {attn_implementation} does not separate sequences sharing a row "
-                         f"(packing needs sdpa, eager or a flash-attn varlen kernel), got a row of "
-                         f"{max(map(len, layout))}")
+        raise ValueError(f"{why}: it does not separate sequences sharing a row (packing needs sdpa, eager or a "
+                         f"flash-attn varlen kernel, and attention layers only), got a row of {max(map(len, layout))}")
 
 
 # ------------------------------------------------------------------ an update's micro-batches, planned once
@@ -187,21 +238,23 @@ class MicroBatchPlan:
               (`attention_rows` one_sequence) a row per sequence, micro-batches of <= `token_budget` slots
               (`padded_groups`);
       shared  as dense on sdpa / eager, each group's sequences one segment (its prompt once, §3.3). Another kernel
-              cannot share a prompt (that needs a 4-D mask): `for_run` plans dense then, with a warning."""
+              cannot share a prompt (that needs a 4-D mask), nor can a model with a layer that carries state along
+              the sequence: `for_run` plans dense then, with a warning."""
     packing: str  # "none" | "dense" | "shared"
-    kernel_rows: str  # how the attention kernel takes packed sequences (`attention_rows`)
+    kernel_rows: str  # how the model takes packed sequences (`packed_rows`)
     capacity: int  # tokens of a packed row (pack_capacity)
     token_budget: int  # tokens of a packed micro-batch (micro_batch_tokens)
     micro_batch_size: int  # sequences of a padded micro-batch
 
     @classmethod
-    def for_run(cls, packing: str, attn_implementation: str, capacity: int, token_budget: int,
+    def for_run(cls, packing: str, rows: tuple[str, str], capacity: int, token_budget: int,
                 micro_batch_size: int) -> "MicroBatchPlan":
-        kernel_rows = attention_rows(attn_implementation)
+        """The plan of a run whose model takes packed sequences as `rows` says (`packed_rows`: the kind, and why)."""
+        kernel_rows, why = rows
         if packing == "shared" and kernel_rows != ROWS:
-            warnings.warn(f"packing 'shared' with attn_implementation {attn_implementation} packs densely "
-                          "(sharing a prompt between sequences needs the 4-D mask sdpa or eager applies; "
-                          "docs/method.md §3.3)", stacklevel=3)
+            warnings.warn(f"packing 'shared' with {why} packs densely (sharing a prompt between sequences needs the "
+                          "4-D mask sdpa or eager applies, and attention layers only; docs/method.md §3.3)",
+                          stacklevel=3)
             packing = "dense"
         return cls(packing, kernel_rows, capacity, token_budget, micro_batch_size)
 
@@ -246,9 +299,9 @@ def packed_completion_logprobs(model, prompt_ids: list[list[int]], completion_id
     `torch.no_grad()`."""
     lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
     scorer = as_scorer(model)
-    kernel = _attention_kernel(scorer)
-    bins = packed_layout(lengths, capacity, kernel) if rows is None else rows
-    check_layout(bins, kernel)
+    kind, why = packed_rows(_policy(scorer))
+    bins = packed_layout(lengths, capacity, kind) if rows is None else rows
+    check_layout(bins, kind, why)
     width = max(sum(lengths[i] for i in b) for b in bins)
     ids = torch.full((len(bins), width), pad_id, dtype=torch.long)
     pos = torch.zeros((len(bins), width), dtype=torch.long)
@@ -299,12 +352,15 @@ def shared_prompt_logprobs(model, prompt_ids: list[list[int]], completion_ids: l
     (prompt, o_j) alone. The log-prob of o_j's first token is read at the prompt's last position (shared by the
     group); of token t >= 1 at o_j's token t - 1. sdpa gets a boolean mask, eager an additive one; flash-attn's
     varlen kernel cannot express a shared prefix (it would need a prefix-sharing / cascade kernel), so
-    any other kernel is refused (`attention_rows`)."""
+    any other kernel is refused (`attention_rows`), as is a model with a layer that carries state along the sequence
+    (`packed_rows`: a completion would carry it into the next)."""
     scorer = as_scorer(model)
-    attn = _attention_kernel(scorer)
-    if attention_rows(attn) != ROWS:
-        raise ValueError(f"packing 'shared' needs attn_implementation sdpa or eager, got {attn} (a kernel that "
-                         f"applies no 4-D mask cannot share a prompt between sequences)")
+    policy = _policy(scorer)
+    attn = getattr(policy.config, "_attn_implementation", None) or "sdpa"
+    kind, why = packed_rows(policy)
+    if kind != ROWS:
+        raise ValueError(f"packing 'shared' needs attn_implementation sdpa or eager and attention layers only, got "
+                         f"{why} (it cannot share a prompt between sequences)")
     segments = group_segments(groups) if layout is None else [seg for row in layout for seg in row]
     seg_len = [len(prompt_ids[seg[0]]) + sum(len(completion_ids[i]) for i in seg) for seg in segments]
     if layout is None:
@@ -359,17 +415,18 @@ def shared_prompt_logprobs(model, prompt_ids: list[list[int]], completion_ids: l
 
 
 def pack_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor, capacity: int,
-                attn_implementation: str = "sdpa", pad_id: int = 0
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                rows: str = ROWS, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The padded rows of a trainer that pads (TRL: left-padded prompt + right-padded completion, each row's
     attention_mask one run of ones) packed densely, as `packed_completion_logprobs` packs. input_ids,
     attention_mask [n, T] -> (ids [R, W], position_ids [R, W] restarting at 0 per sequence, slot [n, T] long: the
-    flat index r W + c of each real token in the packed rows, -1 at padding). `packed_layout` chooses the rows for
-    the attention kernel (`attention_rows`: sdpa / eager best-fit-decreasing into <= `capacity` tokens; flash-attn one
-    row; any other kernel a row per sequence)."""
+    flat index r W + c of each real token in the packed rows, -1 at padding), the rows laid out for how the model
+    takes packed sequences (`packed_rows`): rows, best-fit-decreasing rows of <= `capacity` tokens; one_row (a varlen
+    kernel: one row a forward), groups of <= `capacity` tokens end to end, each a row the caller forwards alone, so no
+    forward holds more than `capacity` tokens; one_sequence, a row per sequence."""
     real = attention_mask.bool()
     lengths = real.sum(1).tolist()
-    bins = packed_layout([max(n, 1) for n in lengths], capacity, attn_implementation)
+    sizes = [max(n, 1) for n in lengths]
+    bins = token_groups(sizes, capacity) if rows == ONE_ROW else packed_layout(sizes, capacity, rows)
     width = max(sum(lengths[i] for i in b) for b in bins) or 1
     ids = torch.full((len(bins), width), pad_id, dtype=input_ids.dtype, device=input_ids.device)
     pos = torch.zeros((len(bins), width), dtype=torch.long, device=input_ids.device)

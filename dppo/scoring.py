@@ -52,11 +52,16 @@ def decoder_and_head(model) -> tuple[torch.nn.Module, torch.Tensor]:
     logits are exactly lm_head(hidden) (Qwen, Llama, Mistral); anything else is refused."""
     head = model.get_output_embeddings()
     cfg = model.config
-    if getattr(head, "bias", None) is not None or getattr(cfg, "final_logit_softcapping", None) \
-            or getattr(cfg, "logits_scaling", 1.0) not in (None, 1.0):
+    capped = [name for name in LOGIT_TRANSFORMS if getattr(cfg, name, None) not in (None, 0, 0.0, 1, 1.0)]
+    if getattr(head, "bias", None) is not None or capped:
         raise ValueError(f"{type(model).__name__}: selective log-probs need logits = lm_head(hidden) "
-                         "(no bias, soft-capping or logit scaling)")
+                         f"(no bias, soft-capping or logit scaling; config sets {', '.join(capped) or 'a bias'})")
     return model.get_decoder(), head.weight
+
+
+# config fields by which transformers' models change the logits after lm_head (Gemma 2 / 3's final soft-capping,
+# RecurrentGemma's under another name, Granite's and Cohere's scaling): such a model is refused, not mis-scored
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logits_soft_cap", "logits_scaling", "logit_scale")
 
 
 class _SelectiveLogSoftmax(torch.autograd.Function):

@@ -43,7 +43,8 @@ from dppo.history import PromptHistory
 from dppo.losses import policy_objective, zero_std_groups
 from dppo.machine import LoadMeter, describe, free_cores
 from dppo.model import load_policy
-from dppo.packing import MicroBatch, MicroBatchPlan, packed_completion_logprobs, shared_prompt_logprobs
+from dppo.packing import (MicroBatch, MicroBatchPlan, packed_completion_logprobs, packed_rows,
+                          shared_prompt_logprobs)
 from dppo.pruning import (NEEDS_LOGPROBS, Rollouts, build_pruner, completion_stage, logit_grad_sizes, prompt_stage,
                           wants_refill)
 from dppo.reward import math_reward, require_checker
@@ -255,9 +256,10 @@ class Trainer:
                           "prompt stage changes: the estimator is then not exactly unbiased (docs/method.md §2.8)",
                           stacklevel=2)
         self.metrics_path = self.out / "metrics.jsonl"
-        # the update's layout and micro-batches, decided once from the kernel the model runs (transformers may swap
-        # flash_attention_2 for a hub kernel); shared prompts need sdpa / eager, dense otherwise
-        self.plan = MicroBatchPlan.for_run(cfg.packing, self.policy.config._attn_implementation, cfg.pack_capacity,
+        # the update's layout and micro-batches, decided once from what the model is: the kernel it runs
+        # (transformers may swap flash_attention_2 for a hub kernel) and whether a layer carries state along the
+        # sequence (then one sequence a row); shared prompts need sdpa / eager and attention layers, dense otherwise
+        self.plan = MicroBatchPlan.for_run(cfg.packing, packed_rows(self.policy), cfg.pack_capacity,
                                            cfg.micro_batch_tokens, cfg.micro_batch_size)
 
     @property

@@ -736,10 +736,12 @@ class DPPOTrainer(GRPOTrainer):
                 self.scored_positions[phase] += input_ids.numel()
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                               batch_size, compute_entropy, compute_aux_loss, **kwargs)
-        config = self.accelerator.unwrap_model(model).config
-        kernel = getattr(config, "_attn_implementation", None) or "sdpa"
-        ids, pos, slot = packing.pack_padded(input_ids, attention_mask, max(self.args.pack_capacity, input_ids.size(1)),
-                                             kernel, self._tokenizer.pad_token_id or 0)
+        rows, _ = packing.packed_rows(self.accelerator.unwrap_model(model))
+        tokens = (batch_size or input_ids.size(0)) * input_ids.size(1)  # what one of TRL's forwards holds
+        # a varlen kernel takes one row a forward: rows of at most TRL's tokens, one a call; else packed rows
+        capacity = tokens if rows == packing.ONE_ROW else max(self.args.pack_capacity, input_ids.size(1))
+        ids, pos, slot = packing.pack_padded(input_ids, attention_mask, capacity, rows,
+                                             self._tokenizer.pad_token_id or 0)
         if phase is not None:
             self.scored_positions[phase] += ids.numel()
         target = slot[:, input_ids.size(1) - logits_to_keep:]  # [n, K] packed slot of each completion token
@@ -748,7 +750,7 @@ class DPPOTrainer(GRPOTrainer):
         labels[target[scored]] = ids.view(-1)[target[scored]]  # only completion tokens are scored, as TRL
         labels = labels.view(ids.shape)
         logps, entropies = [], []
-        chunk = max(1, (batch_size or input_ids.size(0)) * input_ids.size(1) // ids.size(1))  # TRL's tokens a forward
+        chunk = 1 if rows == packing.ONE_ROW else max(1, tokens // ids.size(1))  # rows a forward: TRL's tokens
         for start in range(0, self._forward_calls(ids.size(0), chunk) * chunk, chunk):
             if start >= ids.size(0):  # this process is done, another is not: a one-token call, its result unused
                 with self.accelerator.autocast():  # (kept in the graph at weight 0 for the backward's sake)

@@ -5,7 +5,8 @@ import random
 import pytest
 import torch
 
-from dppo.packing import best_fit_decreasing, pack_rows, packed_completion_logprobs, shared_prompt_logprobs
+from dppo.packing import (ONE_ROW, attention_rows, best_fit_decreasing, pack_rows, packed_completion_logprobs,
+                          shared_prompt_logprobs)
 from dppo.scoring import completion_logprobs
 
 
@@ -177,14 +178,15 @@ def test_token_groups_for_a_one_row_kernel():
     assert all(sum(lengths[i] for i in a) + lengths[b[0]] > 512 for a, b in zip(groups, groups[1:]))  # greedy
     rows = list(range(0, len(lengths), 2))
     for attn in ("flash_attention_2", "sdpa"):
-        plan = MicroBatchPlan.for_run("dense", attn, capacity=256, token_budget=512, micro_batch_size=4)
+        plan = MicroBatchPlan.for_run("dense", (attention_rows(attn), attn), capacity=256, token_budget=512,
+                                      micro_batch_size=4)
         micro = plan.micro_batches(rows, [10] * len(lengths), [n - 10 for n in lengths], list(range(len(lengths))))
         assert sorted(i for mb in micro for i in mb.rows) == rows
         want = [[rows[j] for j in g] for g in token_groups([lengths[i] for i in rows], 512)]
         assert ([mb.rows for mb in micro] == want) == (attn == "flash_attention_2"), attn
         assert all(len(mb.layout) == 1 for mb in micro) or attn == "sdpa"  # one row a micro-batch
     with pytest.warns(UserWarning, match="packs densely"):
-        assert MicroBatchPlan.for_run("shared", "flash_attention_2", 256, 512, 4).packing == "dense"
+        assert MicroBatchPlan.for_run("shared", (ONE_ROW, "flash_attention_2"), 256, 512, 4).packing == "dense"
 
 
 @pytest.mark.parametrize("packing,capacity", [("dense", 80), ("shared", 120), ("none", 80)])

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from dppo.packing import packed_completion_logprobs, packed_layout
+from dppo.packing import attention_rows, packed_completion_logprobs, packed_layout
 from dppo.scoring import completion_logprobs, selective_logprobs
 
 QWEN3_VOCAB = 151_936
@@ -137,8 +137,8 @@ def test_flash_attention_gets_one_row_and_sdpa_rows_of_capacity():
     """flash_attention_2: all sequences of a micro-batch in one row, positions restarting at each (varlen
     cu_seqlens); sdpa / eager: rows of <= capacity tokens. The layout is checked on what the decoder receives."""
     lengths = [30, 12, 25, 7, 18]
-    assert packed_layout(lengths, 40, "flash_attention_2") == [[0, 2, 4, 1, 3]]
-    assert all(sum(lengths[i] for i in row) <= 40 for row in packed_layout(lengths, 40, "sdpa"))
+    assert packed_layout(lengths, 40, attention_rows("flash_attention_2")) == [[0, 2, 4, 1, 3]]
+    assert all(sum(lengths[i] for i in row) <= 40 for row in packed_layout(lengths, 40, attention_rows("sdpa")))
     for attn in ("flash_attention_2", "sdpa", "eager"):
         model = _random_qwen3(attn="sdpa")
         model.config._attn_implementation = attn  # what the kernel would be; the decoder below records its inputs
