@@ -341,7 +341,9 @@ class PruningSampler(Sampler):
 
     A pass whose prompts cannot fill one batch with the prompt stage (the candidates' pruned share leaves fewer than
     `batch_prompts` of the whole pass) runs without it, pi_q = 1 (`unpruned_pass`, with a warning): nothing would
-    roll out, the history would never change, and `max_steps` would wait for a batch forever."""
+    roll out, the history would never change, and `max_steps` would wait for a batch forever. A dataset that cannot
+    fill one batch even so (fewer prompts than a batch) yields nothing, with a warning, and the iteration ends — as
+    TRL's RepeatSampler, whose run stops at step 0; with `max_steps` the passes would otherwise run on forever."""
 
     def __init__(self, size: int, batch_prompts: int, group_size: int, repeat_count: int, shuffle: bool, seed: int,
                  candidates, est_lengths, prompt_rate: float, max_passes: float, one_pass_per_iter: bool = True,
@@ -399,7 +401,12 @@ class PruningSampler(Sampler):
             self.pass_no, self.position, self.batch_no = self.start()
         yielded = 0  # generation batches this iteration
         while self.pass_no < self.max_passes:
+            at_start = self.position == 0
             comp = self.compose()
+            if comp is None and at_start:  # a whole pass (without the prompt stage where it had one) cannot fill one
+                warnings.warn(f"DPPOTrainer: the {self.size} training prompts cannot fill one generation batch of "
+                              f"{self.batch_prompts} prompts: no batch to train on", stacklevel=2)  # as RepeatSampler
+                return  # yields nothing: transformers stops at step 0 with its own line, as under GRPOTrainer
             if comp is None:  # this pass is done; an iteration that has yielded nothing goes on to the next one
                 self.pass_no, self.position = self.pass_no + 1, 0
                 if yielded and self.one_pass_per_iter:

@@ -9,6 +9,7 @@ or, to test to 1e-9, with those two computed in float64."""
 
 import copy
 import json
+import math
 import os
 import subprocess
 import sys
@@ -574,3 +575,52 @@ def test_the_trl_code_the_borrowed_slots_rely_on_is_the_installed_trls():
         inputs, weight, seq_scale, num_items = take_from_batch(micro_batch)
         assert list(inputs) == ["row"] and torch.equal(weight, inputs["row"] / 10)
         assert (seq_scale, num_items) == (2.5, 7.0)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("rates", [dict(prompt_prune_rate=0.5, completion_prune_rate=0.5),
+                                   dict(prompt_prune_rate=0.5), dict(completion_prune_rate=0.5)])
+def test_max_steps_on_a_dataset_smaller_than_a_batch_ends_at_once(tmp_path, rates):
+    """A dataset of 2 prompts, a generation batch of 4 (16 rows of 4 completions), max_steps 3: GRPOTrainer stops at
+    step 0 with transformers' line; so does DPPOTrainer, with its own line saying why, in seconds — whatever stage
+    prunes (before: its sampler looked for a batch pass after pass, forever)."""
+    import time
+
+    model, tok = load_policy("embedded")
+    args = DPPOConfig(**run_config(tmp_path, max_steps=3), **rates)
+    trainer = DPPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=prompts_data(2),
+                          processing_class=tok)
+    start = time.monotonic()
+    with pytest.warns(UserWarning, match="the 2 training prompts cannot fill one generation batch of 4 prompts"):
+        trainer.train()
+    assert trainer.state.global_step == 0 and time.monotonic() - start < 60
+
+
+def test_no_grad_passes_with_a_varlen_kernel_hold_no_more_than_trls_forward(embedded64, tmp_path, monkeypatch):
+    """With a one-row (varlen) kernel every packed forward is one row; a no-grad pass over a local generation batch
+    of 9 rows, where TRL's per-device batch is 3 rows a forward, holds at most TRL's per-forward tokens (3 rows x the
+    padded width) in each call, and makes about TRL's number of calls (before: one call held all 9 rows' tokens).
+    The layout is forced to one row (what a flash-attn varlen kernel gets); sdpa computes it, restarting positions
+    keeping the sequences apart."""
+    from tests.test_trl_configs import padded_batch, two_prompt_trainer
+
+    import dppo.packing as packing
+
+    model, tok = embedded64
+    trainer = two_prompt_trainer(DPPOTrainer, DPPOConfig, model, tok, tmp_path, completion_prune_rate=0.5)
+    trainer.args.pack_sequences = True
+    monkeypatch.setattr(packing, "packed_rows", lambda model: (packing.ONE_ROW, "a varlen kernel"))
+    prompts = [PROMPTS[k] for k in (0, 1, 2, 3, 0, 2, 1, 3, 0)]
+    completions = [list(c) for k in (0, 1, 2) for c in COMPLETIONS[k][0]]
+    ids, mask, K = padded_batch(tok, prompts, completions)
+    calls = []
+    forward = trainer.model.forward
+    monkeypatch.setattr(trainer.model, "forward", lambda *a, **k: (calls.append(tuple(k["input_ids"].shape)),
+                                                                   forward(*a, **k))[1])
+    per_forward = 3  # TRL's per-device batch: rows a forward
+    with torch.no_grad():
+        trainer._score(trainer.model, ids, mask, K, batch_size=per_forward, phase="old_policy")
+    trl_calls = math.ceil(ids.size(0) / per_forward)
+    assert all(rows == 1 for rows, _ in calls), calls  # a varlen kernel: one row a call
+    assert all(width <= per_forward * ids.size(1) for _, width in calls), calls  # no more tokens than TRL's forward
+    assert len(calls) <= trl_calls + 1 and sum(w for _, w in calls) == int(mask.sum()), (calls, trl_calls)
