@@ -11,13 +11,16 @@ checkpoints checked before they are trusted, and a resumed run held to the confi
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
+import shutil
 import socket
 import struct
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -109,14 +112,57 @@ def release_lock(path: Path | None) -> None:
         pass
 
 
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _no_space(error: BaseException, folder: Path, needed: int) -> bool:
+    """Whether a failed write failed for lack of space: an OSError ENOSPC / EDQUOT anywhere in its chain, or another
+    error (torch's serialiser says "unexpected pos" or "failed writing" on a full device) while `folder`'s device has
+    less than `needed` bytes free."""
+    seen, e = set(), error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in NO_SPACE or "No space left" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    try:
+        return shutil.disk_usage(folder).free < max(needed, 1)
+    except OSError:
+        return False
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n / 1e3:.0f} KB"
+
+
+@contextmanager
+def space_for(folder: Path, what: str, needed: int = 0, partial: tuple[Path, ...] = (), then: str = ""):
+    """A write of a run (a checkpoint, final weights, a metrics line, a table) into `folder`: if it fails for lack of
+    space (`_no_space`), its partial temporary files (`partial`) go and it stops with one line — what, the folder, the
+    bytes it needed (estimated) and those free, and `then` (what is left to resume from) — instead of a traceback
+    from deep in torch; any other failure is raised as it is."""
+    try:
+        yield
+    except Exception as e:
+        if not _no_space(e, folder, needed):
+            raise
+        for path in partial:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        free = shutil.disk_usage(folder).free if folder.exists() else 0
+        raise RunError(f"{what}: no space left on the device of {str(folder)!r} (it needed ~{_gb(needed)}, "
+                       f"{_gb(free)} free){'; ' + then if then else ''}") from None
+
+
 def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder and a rename (never half-written)."""
+    """Write `text` to `path` through a temporary file in the same folder and a rename (never half-written; on a full
+    disk, one line and no temporary file left)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with space_for(path.parent, f"writing {path.name}", len(text.encode()), (tmp,)):
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
 
 def _finite(value):
@@ -141,11 +187,17 @@ def append_line(path: Path, line: str) -> None:
     SIGKILL); the readers drop a cut last line (`read_jsonl_prefix`, `trainer.read_metrics`)."""
     data = (line + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    size = os.fstat(fd).st_size
     try:
-        done = os.write(fd, data)
-        while done < len(data):  # a short write (a signal, a full disk): the rest, still appended
-            done += os.write(fd, data[done:])
-        os.fsync(fd)
+        with space_for(path.parent, f"appending to {path.name}", len(data)):
+            try:
+                done = os.write(fd, data)
+                while done < len(data):  # a short write (a signal, a full disk): the rest, still appended
+                    done += os.write(fd, data[done:])
+                os.fsync(fd)
+            except OSError:
+                os.ftruncate(fd, size)  # no part of the line stays: the log is whole lines only
+                raise
     finally:
         os.close(fd)
 

@@ -51,7 +51,7 @@ from dppo.reward import math_reward, require_checker
 from dppo.rollout import RolloutBatch, SamplingParams, engine_from_config, gather_rollouts, rollout_backend
 from dppo.runfiles import (MACHINE_METRICS, RunError, RunWarning, acquire_lock, append_line,  # noqa: F401
                            check_output_dir, checkpoint_state, config_changes, data_fingerprint, json_line,
-                           read_jsonl_prefix, read_metrics, release_lock, run_metrics, write_atomic)
+                           read_jsonl_prefix, read_metrics, release_lock, run_metrics, space_for, write_atomic)
 # (read_metrics, run_metrics and MACHINE_METRICS are re-exported: a run folder is read through dppo.runfiles)
 from dppo.scoring import TokenLogprobs, completion_logprobs, pad_completions
 from dppo.update_stats import UpdateStats
@@ -159,6 +159,11 @@ def enable_gradient_checkpointing(policy: torch.nn.Module) -> None:
         policy.activation_checkpointing_enable({"use_reentrant": False})
     else:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the files under `folder` (what a checkpoint like it needs)."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
 def eval_step(step: int, final: bool) -> int:
@@ -653,10 +658,23 @@ class Trainer:
         if self.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         self.accelerator.wait_for_everyone()
-        self.accelerator.save_state(str(tmp), safe_serialization=True)
-        self.accelerator.wait_for_everyone()
+        last = max((p for p in ckpts.glob("step_*") if p.is_dir()), key=lambda p: p.stat().st_mtime, default=None)
+        needed = folder_bytes(last) if last is not None else 12 * sum(p.numel() for p in local) * self.world
+        failed: RunError | None = None
+        try:  # a full disk: one line, the partial checkpoint removed, the newest complete one left to resume from
+            with space_for(ckpts, f"checkpoint step {self.step}", needed, (tmp,),
+                           then=f"the newest complete checkpoint ({last.name if last else 'none'}) resumes the run "
+                                f"once there is space: the same command"):
+                self.accelerator.save_state(str(tmp), safe_serialization=True)
+                if self.is_main:
+                    write_atomic(tmp / "trainer_state.json", json.dumps(self.trainer_state()))
+        except RunError as e:
+            failed = e
+        if self.world > 1 and not all(all_gather(failed is None)):  # every rank stops, none waits for the others
+            raise failed or RunError(f"checkpoint step {self.step}: another process ran out of space writing it")
+        if failed is not None:
+            raise failed
         if self.is_main:
-            write_atomic(tmp / "trainer_state.json", json.dumps(self.trainer_state()))
             shutil.rmtree(ckpt, ignore_errors=True)
             tmp.rename(ckpt)
             done = sorted((p for p in ckpts.glob("step_*") if (p / "trainer_state.json").is_file()),
@@ -831,12 +849,26 @@ class Trainer:
         bar.close()
         final, tmp = self.out / "final", self.out / ".final.tmp"
         state = self.accelerator.get_state_dict(self.model)  # full weights (all-gathered under FSDP) on the main rank
+        failed: RunError | None = None
         if self.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             saved = COMPUTE_DTYPES[cfg.save_dtype] or torch.float32  # final/ in the dtype asked for (config save_dtype)
-            self.policy.save_pretrained(tmp, state_dict={k.removeprefix("policy."): v.to(saved) if v.is_floating_point()
-                                                         else v for k, v in state.items()}, safe_serialization=True)
-            self.tok.save_pretrained(tmp)
+            needed = sum(v.numel() * (saved.itemsize if v.is_floating_point() else v.element_size())
+                         for v in state.values())
+            try:
+                with space_for(self.out, "final weights", needed, (tmp,), then="the newest checkpoint resumes the "
+                               "run (it finishes at once and writes final/) once there is space: the same command"):
+                    self.policy.save_pretrained(tmp, state_dict={k.removeprefix("policy."): v.to(saved)
+                                                                 if v.is_floating_point() else v
+                                                                 for k, v in state.items()}, safe_serialization=True)
+                    self.tok.save_pretrained(tmp)
+            except RunError as e:
+                failed = e
+        if self.world > 1 and not all(all_gather(failed is None)):  # the other ranks stop too, none waits
+            raise failed or RunError("final weights: the main process ran out of space writing them")
+        if failed is not None:
+            raise failed
+        if self.is_main:
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             if not cfg.keep_checkpoints_after_final:

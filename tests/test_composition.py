@@ -137,3 +137,25 @@ def test_exact_count_stretch_keeps_exactly_the_target_by_hand():
     assert exact_count_stretch([T, T, T, T, T], 0.7, 2) == 4  # floor(2.8) = 2 of 4 dropped; 3 gives 3 - 2 = 1
     assert exact_count_stretch([F, F, F], 0.9, 2) == 2  # no candidate: the next B prompts, as TRL's own batch
     assert exact_count_stretch([T, T], 0.5, 2) is None  # 2 candidates keep 1
+
+
+def test_without_refill_a_step_takes_its_prompts_in_stream_order():
+    """Refill groups a step's rollouts by length (longest first from its window: docs/method.md §3.1); a step without
+    refill (GRPO, CPPO, GRESO) takes the next prompts of the stream in the stream's order, whatever the history says
+    of their lengths — a length grouping there would give those methods a rollout-speed effect no row measures."""
+    from dppo.history import PromptHistory
+    from dppo.pruning import build_pruner
+    from dppo.config import TrainConfig
+
+    history = PromptHistory()
+    for k in range(40):  # every prompt seen, lengths that would reorder any window
+        history.update(k, [1.0, 0.0], [1.0, 1.0], [float((7 * k) % 29 + 1)] * 2, step=0)
+    pruner = build_pruner(TrainConfig())
+    composer = StepComposer(PromptStream(40, seed=3, limit=80), refill="none", window=16)
+    reference = PromptStream(40, seed=3, limit=80)
+    for _ in range(10):
+        assert composer.next_keys(8, history, pruner) == reference.take(8)
+    refilled = StepComposer(PromptStream(40, seed=3, limit=80), refill="prompts", window=16)
+    keys = refilled.next_keys(8, history, pruner)
+    lengths = history.estimated_lengths(keys, 1.0)
+    assert lengths == sorted(lengths, reverse=True) and keys != PromptStream(40, seed=3, limit=80).take(8)

@@ -47,3 +47,30 @@ def test_a_runs_generators_never_share_a_seed(tmp_path, embedded, monkeypatch):
                         completion_prune_rate=0.5, save_every=1000)).fit()
     assert len(seeded) >= 3 * 2  # per step: the masks' and the minibatches' (one rank)
     assert len(set(seeded)) == len(seeded), seeded
+
+
+def test_an_evaluation_draws_from_its_key_alone(tmp_path, embedded):
+    """The real evaluation (Trainer.run_eval -> dppo.evaluation.evaluate): what it samples is decided by its key
+    (seed, evaluation, step) alone — the same after the run's global random state moved, and the same for another
+    run's equal model (common random numbers: what every paired accuracy difference relies on) — and another step's
+    key samples otherwise. Sampling from the global state instead passes every other test."""
+    import dataclasses
+    import random
+
+    cfg = TrainConfig(output_dir=str(tmp_path / "a"), train_size=8, eval_size=6, eval_samples=2, max_new_tokens=16,
+                      prompts_per_step=4, group_size=2, max_steps=10, eval_every=1000, save_every=1000)
+    runs = [Trainer(cfg), Trainer(dataclasses.replace(cfg, output_dir=str(tmp_path / "b")))]
+
+    def sampled(trainer, global_seed: int) -> list[str]:
+        texts, generate = [], trainer.engine.generate
+        trainer.engine.generate = lambda *a, **k: (lambda out: (texts.extend(out.texts), out)[1])(generate(*a, **k))
+        torch.manual_seed(global_seed)
+        random.seed(global_seed)
+        trainer.run_eval()
+        trainer.engine.generate = generate
+        return texts
+    first = sampled(runs[0], 1)
+    assert first and sampled(runs[0], 2) == first  # the run's global state moved: the same samples
+    assert sampled(runs[1], 3) == first  # another run, an equal model, the same key: the same samples
+    runs[0].step = 2  # the evaluation at step 2 of 10 (the model unchanged): its own key, other samples
+    assert sampled(runs[0], 1) != first

@@ -624,3 +624,31 @@ def test_no_grad_passes_with_a_varlen_kernel_hold_no_more_than_trls_forward(embe
     assert all(rows == 1 for rows, _ in calls), calls  # a varlen kernel: one row a call
     assert all(width <= per_forward * ids.size(1) for _, width in calls), calls  # no more tokens than TRL's forward
     assert len(calls) <= trl_calls + 1, (calls, trl_calls)  # about TRL's calls, not one per sequence
+
+
+def test_the_two_mask_stages_and_the_batches_draw_from_streams_of_their_own(tmp_path, monkeypatch):
+    """A DPPOTrainer run of 3 generation batches with both stages pruning: every torch.Generator it seeds for a mask
+    (the prompt stage's of each batch, the completion stage's of each batch) gets a seed of its own, so the two
+    stages' masks of a batch are independent draws and no batch repeats another's. The exactness tests replace the
+    draws, so a shared stream passes them."""
+    import sys
+
+    import dppo.trl as adapter
+
+    seeds: dict[tuple[str, int], int] = {}  # (the drawing method, batch) -> the seed of its generator
+    draw = adapter.mask_generator
+
+    def recording(seed, batch_no, stage):
+        gen = draw(seed, batch_no, stage)
+        seeds[sys._getframe(1).f_code.co_name, batch_no] = gen.initial_seed()  # a batch composed twice: one key
+        return gen
+    monkeypatch.setattr(adapter, "mask_generator", recording)
+    model, tok = load_policy("embedded")
+    args = DPPOConfig(**run_config(tmp_path, max_steps=3, per_device_train_batch_size=8),
+                      prompt_prune_rate=0.5, completion_prune_rate=0.5)
+    trainer = DPPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=prompts_data(16),
+                          processing_class=tok)
+    trainer.train()
+    stages = {caller for caller, _ in seeds}
+    assert len(stages) == 2 and len(seeds) >= 2 * 3, seeds  # per batch: its prompt stage's and its completion stage's
+    assert len(set(seeds.values())) == len(seeds), seeds
