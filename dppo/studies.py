@@ -463,9 +463,9 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0, "p
 # of 5 checkpoints) took 48.4 min (2026-12-06, 02:10-02:58 UTC) with a test run of the author's beside it for 26 of
 # them: an upper bound (a quiet T1 run took 4.6 then; the 25.4 min beyond 5 such runs: F5's sampling, at most).
 # T1 and F5 now train under the protocol's lever (PROTOCOL_CHOICE): a run of T1 takes what a run of the lever's quiet
-# pairs took in P1 (both runs' training and evaluations over 2, 2026-12-06, seeds 1 and 2: lever a GRPO 9.9 min,
-# DPPO 5.9; lever b GRPO 18.1, DPPO 10.9); F5 that plus its sampling's share.
-PROTOCOL_RUN_MINUTES = {"a": 15.8 / 2, "b": 29.0 / 2}
+# pairs took in P1 (both runs' training and evaluations over 2: lever a's 4 pairs retrained 2026-12-07, 17.7 min a
+# pair; lever b's quiet seeds 1 and 2 of 2026-12-06, GRPO 18.1, DPPO 10.9); F5 that plus its sampling's share.
+PROTOCOL_RUN_MINUTES = {"a": 17.7 / 2, "b": 29.0 / 2}
 REAL_RUN_MINUTES = {"main_results": PROTOCOL_RUN_MINUTES[PROTOCOL_CHOICE], "algorithms": 36.9 / 6,
                     "scale": 36.6 / 8, "ablations": 58.8 / 15, "sensitivity": 58.8 / 15,
                     "case_study": PROTOCOL_RUN_MINUTES[PROTOCOL_CHOICE] + 25.4 / 5}
