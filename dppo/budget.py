@@ -20,6 +20,7 @@ stage: r_o of the rest). Replace the assumptions by your first steps' `throughpu
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -108,15 +109,19 @@ def final_bytes_per_param(cfg: TrainConfig) -> int:
 
 
 def run_disk_bytes(cfg: TrainConfig) -> tuple[float, float]:
-    """(disk a finished run keeps, the most it holds while training): final/ (N x `final_bytes_per_param`), plus its
-    `keep_checkpoints` newest checkpoints (12 N each) unless `keep_checkpoints_after_final` is false; while training,
-    one more checkpoint than kept (the newest is complete before the oldest is removed). Qwen3-4B: final/ 16 GB in
+    """(disk a finished run keeps, the most it holds while training): final/ (N x `final_bytes_per_param`), plus the
+    checkpoints it keeps (12 N each: its `keep_checkpoints` newest of the ones it writes, every `save_every` steps and
+    at its last) unless `keep_checkpoints_after_final` is false; while training, one more checkpoint than kept where
+    it writes more than it keeps (the newest is complete before the oldest is removed). Qwen3-4B: final/ 16 GB in
     float32, 8 GB in bfloat16; 48 GB a checkpoint."""
     n_params = model_params(cfg.model_name_or_path.removeprefix("hf:"))
-    checkpoints = cfg.keep_checkpoints * CHECKPOINT_BYTES_PER_PARAM * n_params
+    steps = cfg.max_steps or math.ceil(dataset_size(cfg.dataset, None, cfg.train_size) * cfg.epochs
+                                       / cfg.prompts_per_step)
+    saves = math.ceil(steps / cfg.save_every)  # the trainer saves every save_every steps and at the last
+    held = min(cfg.keep_checkpoints, saves) * CHECKPOINT_BYTES_PER_PARAM * n_params
     final = final_bytes_per_param(cfg) * n_params
-    return (final + (checkpoints if cfg.keep_checkpoints_after_final else 0.0),
-            final + checkpoints + CHECKPOINT_BYTES_PER_PARAM * n_params)
+    return (final + (held if cfg.keep_checkpoints_after_final else 0.0),
+            final + held + (CHECKPOINT_BYTES_PER_PARAM * n_params if saves > cfg.keep_checkpoints else 0.0))
 
 
 def disk_plan(groups: list[list[TrainConfig]]) -> tuple[float, float]:
