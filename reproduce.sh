@@ -89,6 +89,11 @@ if [ "$toy" = 1 ]; then  # dppo.toy: the notebooks and the runs they launch see 
   mkdir -p "$out/params"
 fi
 mkdir -p "$out/notebooks"
+if [ "$toy" = 0 ] && [ -z "$params" ]; then  # before any training: the dry run's disk estimate against what is free
+  budget=(); for s in "${STUDIES[@]}"; do [ "$s" = paper_figures ] || budget+=(--study "$s"); done
+  [ ${#budget[@]} = 0 ] || "$VENV/bin/python" -m dppo.budget --profile "$profile" "${budget[@]}" --check-disk "$out" \
+    || exit 3
+fi
 # Live progress: the notebooks' runs append to this file (dppo.progress): run i/n, step, ETA; followed here.
 export DPPO_PROGRESS_FILE="$(cd "$out" && pwd)/progress.log"
 : > "$DPPO_PROGRESS_FILE"

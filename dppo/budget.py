@@ -20,6 +20,7 @@ stage: r_o of the rest). Replace the assumptions by your first steps' `throughpu
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -108,15 +109,59 @@ def final_bytes_per_param(cfg: TrainConfig) -> int:
 
 
 def run_disk_bytes(cfg: TrainConfig) -> tuple[float, float]:
-    """(disk a finished run keeps, the most it holds while training): final/ (N x `final_bytes_per_param`), plus its
-    `keep_checkpoints` newest checkpoints (12 N each) unless `keep_checkpoints_after_final` is false; while training,
-    one more checkpoint than kept (the newest is complete before the oldest is removed). Qwen3-4B: final/ 16 GB in
+    """(disk a finished run keeps, the most it holds while training): final/ (N x `final_bytes_per_param`), plus the
+    checkpoints it keeps (12 N each: its `keep_checkpoints` newest of the ones it writes, every `save_every` steps and
+    at its last) unless `keep_checkpoints_after_final` is false; while training, one more checkpoint than kept where
+    it writes more than it keeps (the newest is complete before the oldest is removed). Qwen3-4B: final/ 16 GB in
     float32, 8 GB in bfloat16; 48 GB a checkpoint."""
     n_params = model_params(cfg.model_name_or_path.removeprefix("hf:"))
-    checkpoints = cfg.keep_checkpoints * CHECKPOINT_BYTES_PER_PARAM * n_params
+    steps = cfg.max_steps or math.ceil(dataset_size(cfg.dataset, None, cfg.train_size) * cfg.epochs
+                                       / cfg.prompts_per_step)
+    saves = math.ceil(steps / cfg.save_every)  # the trainer saves every save_every steps and at the last
+    held = min(cfg.keep_checkpoints, saves) * CHECKPOINT_BYTES_PER_PARAM * n_params
     final = final_bytes_per_param(cfg) * n_params
-    return (final + (checkpoints if cfg.keep_checkpoints_after_final else 0.0),
-            final + checkpoints + CHECKPOINT_BYTES_PER_PARAM * n_params)
+    return (final + (held if cfg.keep_checkpoints_after_final else 0.0),
+            final + held + (CHECKPOINT_BYTES_PER_PARAM * n_params if saves > cfg.keep_checkpoints else 0.0))
+
+
+def disk_plan(groups: list[list[TrainConfig]]) -> tuple[float, float]:
+    """(bytes kept when every run is done, the most on disk at any time) of runs trained group after group, the runs
+    of a group together (CPU runs in turn: each holds its checkpoints at once): `run_disk_bytes` of each, the groups
+    before a group kept beside its runs' peaks."""
+    kept, most = 0.0, 0.0
+    for group in groups:
+        sizes = [run_disk_bytes(cfg) for cfg in group]
+        most = max(most, kept + sum(peak for _, peak in sizes))
+        kept += sum(k for k, _ in sizes)
+    return kept, most
+
+
+def free_bytes(folder: str | Path) -> int:
+    """Free bytes on the device `folder` would be on (its nearest existing parent's)."""
+    import shutil
+
+    path = Path(folder).resolve()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def disk_shortfall(groups: list[list[TrainConfig]], folder: str | Path, what: str) -> str | None:
+    """One line saying why `what` cannot train into `folder` — its runs' dry-run estimate at most (`disk_plan`)
+    above the free space there — or None where it fits, nothing is left to train, or a model's size is unknown
+    (`dppo.studies.model_params`)."""
+    if not any(groups):
+        return None
+    try:
+        kept, most = disk_plan(groups)
+    except ValueError:  # a model whose size its name does not give: no estimate (the writes still end in one line)
+        return None
+    free = free_bytes(folder)
+    if most <= free:
+        return None
+    return (f"{what}: not enough disk in {str(folder)!r}: its runs need up to {most / 1e9:,.1f} GB at once "
+            f"({kept / 1e9:,.1f} GB kept when done; final/ and checkpoints, dppo.budget.run_disk_bytes), "
+            f"{free / 1e9:,.1f} GB free; free space or set keep_checkpoints lower")
 
 
 def study_params(study: str, profile: str) -> dict:
@@ -198,19 +243,28 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
         for out in reused:
             commands.append(f"  (finished by this code: reused) {runs[out][0]} -> {out}")
         runs = {out: run for out, run in runs.items() if out not in reused}
-        hours, disk, peak = 0.0, 0.0, 0.0
+        hours = 0.0
         for out, (cfg_path, cfg) in runs.items():
             hours += run_gpu_hours(cfg)
-            kept, most = run_disk_bytes(cfg)
-            disk, peak = disk + kept, max(peak, disk + most)  # runs train one after another
             if params.get("launch"):
                 commands.append("  " + shlex.join(train_command(out / "launch.yaml", params["launch"], gpus)))
             else:
                 commands.append(f"  (in the notebook's process) dppo train --config {cfg_path} -> {out}")
+        # on GPUs (and launched) runs train one after another; on CPU a seed's runs train in turn, together
+        together = profile != "paper" and not params.get("launch")
+        by_seed: dict[object, list[TrainConfig]] = {}
+        for i, (_, cfg) in enumerate(runs.values()):
+            by_seed.setdefault(cfg.seed if together else i, []).append(cfg)
+        disk, peak = disk_plan(list(by_seed.values()))
         rows.append({"study": study, "runs": len(runs) + twins, "twins": twins, "reused": len(reused), "gpu_hours": hours,
                      "hours_on_gpus": hours / gpus, "disk_tb": disk / 1e12, "peak_tb": peak / 1e12,
                      "configs": list(runs.values()), "cpu_minutes": registry.BY_NAME[study].cpu_minutes})
     return commands, rows
+
+
+def studies_at_most(rows: list[dict]) -> float:
+    """TB on disk at most over studies run one after another (`plan`'s rows): those before kept beside one's peak."""
+    return max((sum(q["disk_tb"] for q in rows[:i]) + r["peak_tb"] for i, r in enumerate(rows)), default=0.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,11 +272,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", choices=("cpu", "paper", "real"), default="paper")
     parser.add_argument("--study", choices=STUDIES, action="append", help="one study (repeatable; default all)")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs of the machine (wall-clock column)")
+    parser.add_argument("--check-disk", metavar="FOLDER", help="print nothing and exit 0 where the studies' runs fit "
+                        "in FOLDER's free space, else one line and exit 3 (./reproduce.sh checks before training)")
     args = parser.parse_args(argv)
     from dppo.studies import REAL_STUDIES, real_minutes
 
     default = list(REAL_STUDIES) if args.profile == "real" else list(DEFAULT_STUDIES)
     commands, rows = plan(args.study or default, args.profile, args.gpus)
+    if args.check_disk:  # the studies one after another: each keeps its runs for the next (paper_figures reads them)
+        most = studies_at_most(rows) * 1e12
+        free = free_bytes(args.check_disk)
+        if most > free:
+            print(f"reproduce.sh: not enough disk in {args.check_disk!r} for {', '.join(r['study'] for r in rows)} "
+                  f"({args.profile} profile): up to {most / 1e9:,.1f} GB at once by the dry run's estimate "
+                  f"(./reproduce.sh --dry-run), {free / 1e9:,.1f} GB free", file=sys.stderr)
+            return 3
+        return 0
     print("# commands")
     print("\n".join(commands))
     if args.profile == "real":
@@ -256,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         kept += r["disk_tb"]
     total = sum(r["gpu_hours"] for r in rows)
     print(f"| **total** | {sum(r['runs'] for r in rows)} | {total:,.0f} | {total / args.gpus:,.1f} | {kept:,.2f} | "
-          f"{max((sum(q['disk_tb'] for q in rows[:i]) + r['peak_tb'] for i, r in enumerate(rows)), default=0):,.2f} |")
+          f"{studies_at_most(rows):,.2f} |")
     print("\n" + "\n".join(memory_table([c for r in rows for c in r["configs"]], args.gpus)))
     print(f"\ndisk per run: final/ (4 bytes per parameter, 2 with save_dtype bfloat16) + keep_checkpoints x "
           f"{CHECKPOINT_BYTES_PER_PARAM} (fp32 weights and AdamW state) while it trains, one more while a new one is "

@@ -27,7 +27,7 @@ import psutil
 import yaml
 
 from dppo import progress, toy
-from dppo.runfiles import read_metrics
+from dppo.runfiles import RunError, read_metrics
 from dppo.studies import FIGURES, RESULTS, ROOT, runs_for
 
 if TYPE_CHECKING:
@@ -239,6 +239,7 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
     fit, `in_turn_chunks`, each run with its `baseline` where they fit; every embedded run of a seed, 5 of SmolLM2's
     on 24 GB); launched runs (one process group each), GPU runs and vLLM runs go one after the other. Progress goes to
     the progress file (`dppo.progress`)."""
+    from dppo.budget import disk_shortfall
     from dppo.rollout import rollout_backend
 
     root = study_root(root, smoke, profile)
@@ -281,6 +282,9 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
                 chunk[j] = (label, prepare(config, twin, smoke, **over))
                 twin_of[twin] = folder
         chunk[:] = [(label, cfg) for label, cfg in chunk if cfg is not None]  # a twin finished earlier
+    short = disk_shortfall([[cfg for _, cfg in chunk] for chunk in chunks], root, "this study")
+    if short:  # before any run starts: a full disk mid-run costs the run (runfiles.space_for says it in one line)
+        raise RunError(short)
     trained = 0.0
     for n, group in enumerate(chunks, 1):
         names = ", ".join(f"{label}, seed {cfg.seed} -> {Path(cfg.output_dir).relative_to(root)}" for label, cfg in group)

@@ -75,3 +75,42 @@ def test_final_weights_that_do_not_fit_stop_in_one_line(tmp_path, small_disk, em
     assert "\n" not in said and said.startswith("final weights: no space left on the device of ")
     assert not (out / ".final.tmp").exists() and not (out / "final").exists()
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_1"]
+
+
+def test_a_study_short_of_disk_refuses_before_any_run_trains(tmp_path, small_disk, embedded):
+    """A study laid out into a folder whose free space is under its runs' dry-run estimate (`dppo.budget.disk_plan`:
+    final/ and checkpoints, the runs of a seed held at once as they train in turn) stops in one line with the numbers
+    before any run trains; with room, the same estimate lets it pass."""
+    from dppo import results, studies
+    from dppo.budget import disk_plan, disk_shortfall, free_bytes
+
+    layout = {"GRPO": studies.T1_RUNS["GRPO"], "DPPO": studies.T1_RUNS["DPPO"]}
+    disk = small_disk(1024 * 1024)  # 1 MiB: the embedded model's runs need tens of MB
+    with pytest.raises(RunError) as stop:
+        results.run_layout(layout, seeds=[0], smoke=True, root=disk / "study")
+    said = str(stop.value)
+    assert "\n" not in said and said.startswith(f"this study: not enough disk in {str(disk / 'study')!r}")
+    assert " GB at once " in said and " GB free" in said
+    assert not any(disk.rglob("metrics.jsonl"))  # nothing trained
+    configs = [results._config(c, tmp_path / label, True, **o) for label, (c, o, _) in layout.items()]
+    kept, most = disk_plan([configs])
+    assert most > kept > 0 and disk_plan([[c] for c in configs])[1] < most  # in turn: both runs' peaks at once
+    assert free_bytes(disk / "not" / "made") == free_bytes(disk) < most
+    assert disk_shortfall([configs], tmp_path, "this study") is None  # the test machine's disk has room
+
+
+def test_the_reproduction_checks_its_dry_runs_disk_before_training(tmp_path, small_disk):
+    """`python -m dppo.budget --check-disk FOLDER` (what ./reproduce.sh runs before its first notebook): silent and
+    0 where the studies' dry-run disk at most fits, one line and exit 3 where it does not."""
+    import sys
+
+    disk = small_disk(1024 * 1024)
+    check = [sys.executable, "-m", "dppo.budget", "--profile", "cpu", "--study", "main_results", "--check-disk"]
+    short = subprocess.run([*check, str(disk)], capture_output=True, text=True)
+    assert short.returncode == 3 and short.stdout == "", short
+    line = short.stderr.strip()
+    assert "\n" not in line and line.startswith(f"reproduce.sh: not enough disk in {str(disk)!r} for main_results")
+    room = subprocess.run([*check, str(tmp_path)], capture_output=True, text=True)
+    assert (room.returncode, room.stdout, room.stderr) == (0, "", ""), room
+    script = (Path(__file__).resolve().parents[1] / "reproduce.sh").read_text()
+    assert script.index("--check-disk") < script.index("run_notebook \"$nb\"")  # before any notebook trains

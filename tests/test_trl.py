@@ -596,12 +596,14 @@ def test_max_steps_on_a_dataset_smaller_than_a_batch_ends_at_once(tmp_path, rate
     assert trainer.state.global_step == 0 and time.monotonic() - start < 60
 
 
-def test_no_grad_passes_with_a_varlen_kernel_hold_no_more_than_trls_forward(embedded64, tmp_path, monkeypatch):
-    """With a one-row (varlen) kernel every packed forward is one row; a no-grad pass over a local generation batch
-    of 9 rows, where TRL's per-device batch is 3 rows a forward, holds at most TRL's per-forward tokens (3 rows x the
-    padded width) in each call, and makes about TRL's number of calls (before: one call held all 9 rows' tokens).
-    The layout is forced to one row (what a flash-attn varlen kernel gets); sdpa computes it, restarting positions
-    keeping the sequences apart."""
+@pytest.mark.parametrize("kind", ["one_row", "rows", "one_sequence"])
+def test_no_grad_passes_hold_no_more_than_trls_forward(kind, embedded64, tmp_path, monkeypatch):
+    """A no-grad pass over a local generation batch of 9 rows, where TRL's per-device batch is 3 rows a forward:
+    with a one-row (varlen) kernel every forward is one row of at most TRL's per-forward tokens (3 rows x the padded
+    width), in about TRL's number of calls (before: one call held all 9 rows' tokens); with packed rows (sdpa,
+    eager) a forward holds at most TRL's tokens or one row of `pack_capacity` (the stated budget) where that is more;
+    one sequence a row, TRL's tokens. The layout is forced (what a flash-attn varlen kernel or a stateful model
+    gets); sdpa computes it, restarting positions keeping the sequences apart."""
     from tests.test_trl_configs import padded_batch, two_prompt_trainer
 
     import dppo.packing as packing
@@ -609,7 +611,7 @@ def test_no_grad_passes_with_a_varlen_kernel_hold_no_more_than_trls_forward(embe
     model, tok = embedded64
     trainer = two_prompt_trainer(DPPOTrainer, DPPOConfig, model, tok, tmp_path, completion_prune_rate=0.5)
     trainer.args.pack_sequences = True
-    monkeypatch.setattr(packing, "packed_rows", lambda model: (packing.ONE_ROW, "a varlen kernel"))
+    monkeypatch.setattr(packing, "packed_rows", lambda model: (kind, "a forced layout"))
     prompts = [PROMPTS[k] for k in (0, 1, 2, 3, 0, 2, 1, 3, 0)]
     completions = [list(c) for k in (0, 1, 2) for c in COMPLETIONS[k][0]]
     ids, mask, K = padded_batch(tok, prompts, completions)
@@ -620,10 +622,13 @@ def test_no_grad_passes_with_a_varlen_kernel_hold_no_more_than_trls_forward(embe
     per_forward = 3  # TRL's per-device batch: rows a forward
     with torch.no_grad():
         trainer._score(trainer.model, ids, mask, K, batch_size=per_forward, phase="old_policy")
-    trl_calls = math.ceil(ids.size(0) / per_forward)
-    assert all(rows == 1 for rows, _ in calls), calls  # a varlen kernel: one row a call
-    assert all(width <= per_forward * ids.size(1) for _, width in calls), calls  # no more tokens than TRL's forward
-    assert len(calls) <= trl_calls + 1, (calls, trl_calls)  # about TRL's calls, not one per sequence
+    trl_calls, trl_tokens = math.ceil(ids.size(0) / per_forward), per_forward * ids.size(1)
+    budget = max(trl_tokens, trainer.args.pack_capacity) if kind == "rows" else trl_tokens
+    assert all(rows * width <= budget for rows, width in calls), (calls, budget)
+    assert sum(rows * width for rows, width in calls) >= int(mask.sum())  # every real token scored
+    if kind == "one_row":
+        assert all(rows == 1 for rows, _ in calls), calls  # a varlen kernel: one row a call
+        assert len(calls) <= trl_calls + 1, (calls, trl_calls)  # about TRL's calls, not one per sequence
 
 
 def test_the_two_mask_stages_and_the_batches_draw_from_streams_of_their_own(tmp_path, monkeypatch):
