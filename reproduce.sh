@@ -6,9 +6,9 @@
 #   ./reproduce.sh                          the main table: T1 (GRPO vs DPPO, 7 seeds, the protocol P1 chose) and F2
 #                                           on a real pretrained LLM (SmolLM2-135M-Instruct) (= --profile real --study
 #                                           main_results; figures/real/): from the committed run logs where the code
-#                                           that trained them is this checkout's (minutes), else trained (~1.9 h)
+#                                           that trained them is this checkout's (minutes), else trained (~2.1 h)
 #   --retrain                               train every run of the studies named again, committed logs and finished
-#                                           runs alike (./reproduce.sh --retrain: T1 from scratch, ~1.9 h)
+#                                           runs alike (./reproduce.sh --retrain: T1 from scratch, ~2.1 h)
 #   ./reproduce.sh --profile real           the paper's tables: T1, F2, T2, T3 (+ Gemma 3 270M), T4, T5, F3, F5 (~6 h on 2
 #                                           cores; dppo.studies.real_params; runs under experiments/results/real,
 #                                           tables in figures/real); with --dry-run: its runs and estimated minutes

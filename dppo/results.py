@@ -168,8 +168,8 @@ def keep_weights_only(run_dir: str | Path) -> None:
 STORAGE_FIELDS = ("resume", "keep_checkpoints", "keep_checkpoints_after_final")
 # Modules that lay out, read or report runs and never train one (the studies' configs are compared field by field):
 # editing them leaves every trained run valid. Every other module (a new one too) is part of `code_hash`.
-REPORTING_MODULES = ("budget.py", "case_study.py", "figures.py", "protocol.py", "readme.py", "reference.py", "results.py",
-                     "studies.py", "tables.py", "variance.py", "verdicts.py")
+REPORTING_MODULES = ("budget.py", "case_study.py", "disk.py", "figures.py", "protocol.py", "readme.py", "reference.py",
+                     "results.py", "studies.py", "tables.py", "variance.py", "verdicts.py")
 
 
 def _config(config: str | Path, output_dir: str | Path, smoke: bool = False, **overrides) -> TrainConfig:
@@ -239,7 +239,7 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
     fit, `in_turn_chunks`, each run with its `baseline` where they fit; every embedded run of a seed, 5 of SmolLM2's
     on 24 GB); launched runs (one process group each), GPU runs and vLLM runs go one after the other. Progress goes to
     the progress file (`dppo.progress`)."""
-    from dppo.budget import disk_shortfall
+    from dppo.disk import disk_shortfall
     from dppo.rollout import rollout_backend
 
     root = study_root(root, smoke, profile)

@@ -78,11 +78,11 @@ def test_final_weights_that_do_not_fit_stop_in_one_line(tmp_path, small_disk, em
 
 
 def test_a_study_short_of_disk_refuses_before_any_run_trains(tmp_path, small_disk, embedded):
-    """A study laid out into a folder whose free space is under its runs' dry-run estimate (`dppo.budget.disk_plan`:
+    """A study laid out into a folder whose free space is under its runs' dry-run estimate (`dppo.disk.disk_plan`:
     final/ and checkpoints, the runs of a seed held at once as they train in turn) stops in one line with the numbers
     before any run trains; with room, the same estimate lets it pass."""
     from dppo import results, studies
-    from dppo.budget import disk_plan, disk_shortfall, free_bytes
+    from dppo.disk import disk_plan, disk_shortfall, free_bytes
 
     layout = {"GRPO": studies.T1_RUNS["GRPO"], "DPPO": studies.T1_RUNS["DPPO"]}
     disk = small_disk(1024 * 1024)  # 1 MiB: the embedded model's runs need tens of MB

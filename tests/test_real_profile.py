@@ -202,7 +202,7 @@ def test_reproduce_without_options_is_the_real_t1():
 def test_a_fresh_clone_makes_t1_within_90_minutes():
     """Every T1 run's log is committed: `./reproduce.sh` on a fresh clone trains nothing and rebuilds T1 and F2 from
     them (bootstrap and tables within the 90 minutes a default run may take); trained again (`--retrain`), the pair's
-    7 seeds take ~1.9 h."""
+    7 seeds take ~2.1 h."""
     plain = subprocess.run(["bash", "reproduce.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "experiments/results/real"], capture_output=True,
                              text=True, check=True).stdout.split()
