@@ -282,7 +282,9 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
                 chunk[j] = (label, prepare(config, twin, smoke, **over))
                 twin_of[twin] = folder
         chunk[:] = [(label, cfg) for label, cfg in chunk if cfg is not None]  # a twin finished earlier
-    short = disk_shortfall([[cfg for _, cfg in chunk] for chunk in chunks], root, "this study")
+    # (the toy's stand-ins keep the names of the models they stand for, not their sizes: no estimate there)
+    short = None if toy.active() else disk_shortfall([[cfg for _, cfg in chunk] for chunk in chunks], root,
+                                                     "this study")
     if short:  # before any run starts: a full disk mid-run costs the run (runfiles.space_for says it in one line)
         raise RunError(short)
     trained = 0.0
