@@ -27,7 +27,7 @@ def dataset_size(source: str, limit: int | None = None, embedded_size: int = 0) 
     elif Path(source).is_file() and source.endswith(".jsonl"):
         n = sum(1 for ln in Path(source).read_text().splitlines() if ln.strip())
     else:
-        raise ValueError(f"unknown dataset size for {source!r}: add it to dppo.budget.DATASET_SIZES")
+        raise ValueError(f"unknown dataset size for {source!r}: add it to dppo.disk.DATASET_SIZES")
     return min(n, limit) if limit else n
 
 
