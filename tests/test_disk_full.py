@@ -114,3 +114,20 @@ def test_the_reproduction_checks_its_dry_runs_disk_before_training(tmp_path, sma
     assert (room.returncode, room.stdout, room.stderr) == (0, "", ""), room
     script = (Path(__file__).resolve().parents[1] / "reproduce.sh").read_text()
     assert script.index("--check-disk") < script.index("run_notebook \"$nb\"")  # before any notebook trains
+
+
+def test_a_metrics_line_that_does_not_fit_leaves_the_log_whole(small_disk):
+    """A line appended to metrics.jsonl on a full disk stops in one line and leaves no part of itself: the log keeps
+    its whole lines (a cut line would be dropped by the readers, but a resumed run would append after it)."""
+    from dppo.runfiles import append_line
+
+    disk = small_disk(64 * 1024)
+    log = disk / "metrics.jsonl"
+    append_line(log, '{"step": 0}')
+    (disk / "filler").write_bytes(b"\0" * (64 * 1024 - 4096 * 2))  # what is left: less than the next line
+    before = log.read_bytes()
+    with pytest.raises(RunError) as stop:
+        append_line(log, '{"step": 1, "pad": "' + "x" * 20000 + '"}')
+    said = str(stop.value)
+    assert "\n" not in said and said.startswith("appending to metrics.jsonl: no space left on the device of ")
+    assert log.read_bytes() == before and [r["step"] for r in read_metrics(log)] == [0]
