@@ -24,11 +24,14 @@ pytest.importorskip("kernels")  # transformers registers hub kernels only with t
 VARLEN_HUB = "kernels-community/flash-attn2"  # transformers' flash_attention_2 fallback
 CAUSAL_HUB = "test-org/causal-only"  # a hub kernel with flash_attn_forward: causal per row, the mask ignored
 UNKNOWN = "test-org/never-registered"
+VARLEN_RENAMED = "fast-kernel"  # flash-attn's varlen kernel and mask under a name that says nothing of flash
+FLASH_NAMED_SDPA = "flash_attention_sdpa"  # sdpa's kernel and mask under a flash-like name
 
 # what each kernel does with several sequences in a row (the ground truth, from transformers' code, not dppo's rule)
 EXPECTED = {"sdpa": ROWS, "eager": ROWS, "flash_attention_2": ONE_ROW, "flash_attention_3": ONE_ROW,
             "flash_attention_4": ONE_ROW, VARLEN_HUB: ONE_ROW, "flex_attention": ONE_SEQUENCE,
-            "paged|eager": ONE_SEQUENCE, CAUSAL_HUB: ONE_SEQUENCE, UNKNOWN: ONE_SEQUENCE}
+            "paged|eager": ONE_SEQUENCE, CAUSAL_HUB: ONE_SEQUENCE, UNKNOWN: ONE_SEQUENCE,
+            VARLEN_RENAMED: ONE_ROW, FLASH_NAMED_SDPA: ROWS}  # the rule reads what is registered, never the name
 
 
 def causal_only(module, query, key, value, attention_mask, **kwargs):
@@ -53,6 +56,12 @@ def hub_kernels():
             hub.load_and_register_attn_kernel(name)
     finally:
         hub.get_kernel = fetch
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS as masks
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as kernels
+
+    for name, like in ((VARLEN_RENAMED, "flash_attention_2"), (FLASH_NAMED_SDPA, "sdpa")):
+        kernels.register(name, kernels[like])
+        masks.register(name, masks[like])
 
 
 def names():
