@@ -71,6 +71,22 @@ def disk_plan(groups: list[list[TrainConfig]]) -> tuple[float, float]:
     return kept, most
 
 
+def runs_at_once(configs: list[TrainConfig], folder: str | Path) -> int | None:
+    """How many of `configs` may train in turn together in `folder` (`dppo.results.in_turn_chunks`): the free space
+    there less what all of them keep when done, over the most one run holds beyond that while it trains (its
+    checkpoints at their peak, `run_disk_bytes`: runs trained in turn hold theirs at once, the last step's until
+    their final/ is written); at least 1 (`disk_shortfall` then says whether one at a time fits). None: no limit
+    (nothing held beyond what is kept, or a model whose size its name does not give)."""
+    try:
+        sizes = [run_disk_bytes(cfg) for cfg in configs]
+    except ValueError:
+        return None
+    held = max((peak - kept for kept, peak in sizes), default=0.0)
+    if held <= 0:
+        return None
+    return max(1, int((free_bytes(folder) - sum(kept for kept, _ in sizes)) // held))
+
+
 def free_bytes(folder: str | Path) -> int:
     """Free bytes on the device `folder` would be on (its nearest existing parent's)."""
     import shutil
@@ -94,6 +110,10 @@ def disk_shortfall(groups: list[list[TrainConfig]], folder: str | Path, what: st
     free = free_bytes(folder)
     if most <= free:
         return None
-    return (f"{what}: not enough disk in {str(folder)!r}: its runs need up to {most / 1e9:,.1f} GB at once "
-            f"({kept / 1e9:,.1f} GB kept when done; final/ and checkpoints, dppo.disk.run_disk_bytes), "
-            f"{free / 1e9:,.1f} GB free; free space or set keep_checkpoints lower")
+    return (f"{what}: not enough disk in {str(folder)!r}: its runs need up to {_size(most)} at once "
+            f"({_size(kept)} kept when done; final/ and checkpoints, dppo.disk.run_disk_bytes), "
+            f"{_size(free)} free; free space or set keep_checkpoints lower")
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"

@@ -239,7 +239,7 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
     fit, `in_turn_chunks`, each run with its `baseline` where they fit; every embedded run of a seed, 5 of SmolLM2's
     on 24 GB); launched runs (one process group each), GPU runs and vLLM runs go one after the other. Progress goes to
     the progress file (`dppo.progress`)."""
-    from dppo.disk import disk_shortfall
+    from dppo.disk import disk_shortfall, runs_at_once
     from dppo.rollout import rollout_backend
 
     root = study_root(root, smoke, profile)
@@ -262,11 +262,17 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
         # in turn: CPU runs in this process (on a GPU each run needs the device's memory for itself)
         together = not launch and rollout_backend(cfg.rollout_backend).samples_training_model and not _cuda()
         groups.setdefault(("seed", cfg.seed) if together else ("alone", i), []).append((label, cfg))
+    # the disk bounds a group too: runs in turn hold their checkpoints at once (the toy's stand-ins keep the names of
+    # the models they stand for, not their sizes: no estimate there)
+    at_most = None if toy.active() else runs_at_once([cfg for group in groups.values() for _, cfg in group], root)
+    if at_most is not None and any(len(group) > at_most for key, group in groups.items() if key[0] == "seed"):
+        progress.note(f"the disk under {root} holds {at_most} run(s) training at once beside what the study keeps "
+                      f"(dppo.disk.runs_at_once): a seed's runs train in turn in groups of at most {at_most}")
     chunks, in_turn = [], []
     for key, group in groups.items():
         configs = {label: _config(c, f, smoke, **o) for (seed, label), (c, o, f) in specs.items()
                    if key[0] == "seed" and seed == key[1]}
-        parts = in_turn_chunks(group, psutil.virtual_memory().available, baseline, configs)
+        parts = in_turn_chunks(group, psutil.virtual_memory().available, baseline, configs, at_most)
         chunks += parts
         in_turn += [key[0] == "seed"] * len(parts)
     twin_of: dict[Path, Path] = {}
@@ -282,7 +288,6 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
                 chunk[j] = (label, prepare(config, twin, smoke, **over))
                 twin_of[twin] = folder
         chunk[:] = [(label, cfg) for label, cfg in chunk if cfg is not None]  # a twin finished earlier
-    # (the toy's stand-ins keep the names of the models they stand for, not their sizes: no estimate there)
     short = None if toy.active() else disk_shortfall([[cfg for _, cfg in chunk] for chunk in chunks], root,
                                                      "this study")
     if short:  # before any run starts: a full disk mid-run costs the run (runfiles.space_for says it in one line)
@@ -313,7 +318,8 @@ def run_layout(layout: dict, seeds=(0,), smoke: bool = False, launch: dict | Non
 
 def in_turn_chunks(group: list[tuple[str, TrainConfig]], available_bytes: float,
                    baseline: Callable[[str], str] | None = None,
-                   configs: dict[str, TrainConfig] | None = None) -> list[list[tuple[str, TrainConfig]]]:
+                   configs: dict[str, TrainConfig] | None = None,
+                   at_most: int | None = None) -> list[list[tuple[str, TrainConfig]]]:
     """A seed's runs split into groups trained in turn that fit in memory, in order: each run held in turn keeps its
     fp32 weights, gradients and AdamW's moments (IN_TURN_BYTES_PER_PARAM), and all of them may take
     IN_TURN_MEMORY_FRACTION of `available_bytes` (rollouts, activations and evaluation beside). A wall-clock speed-up is
@@ -325,7 +331,9 @@ def in_turn_chunks(group: list[tuple[str, TrainConfig]], available_bytes: float,
     the baseline's config from `configs` (the seed's runs by label, finished ones too), its folder set by the caller —
     the same run again, whose clock the rows' speed-ups use (`timed_with`). Without `baseline`: as few groups as fit,
     of balanced sizes (15 SmolLM2 runs, 32 GB, on a 24 GB machine: 3 groups of 5). The embedded models' runs all fit
-    in one group; a run whose model size the name does not give (`dppo.studies.model_params`) keeps the group whole."""
+    in one group; a run whose model size the name does not give (`dppo.studies.model_params`) keeps the group whole.
+    `at_most` caps a group's size beside memory: the runs whose checkpoints the disk holds at once
+    (`dppo.disk.runs_at_once`)."""
     from dppo.studies import model_params
 
     try:
@@ -333,6 +341,7 @@ def in_turn_chunks(group: list[tuple[str, TrainConfig]], available_bytes: float,
     except ValueError:
         return [group]
     fit = max(1, int(available_bytes * IN_TURN_MEMORY_FRACTION // per_run))
+    fit = min(fit, at_most or fit)
     configs = configs or {}
     labels = {label for label, _ in group}
     if baseline is None or (len(group) <= fit and all(baseline(label) in labels or baseline(label) not in configs

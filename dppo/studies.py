@@ -33,7 +33,8 @@ ROOT = _REPO if (_REPO / "experiments").is_dir() else Path.cwd()
 RESULTS = ROOT / "experiments" / "results"
 FIGURES = ROOT / "figures"
 
-EMBEDDED_PARAMS = {"embedded": 0.8e6, "embedded-large": 1.6e6, "smollm2-135m": 134.5e6, "gemma3-270m": 268.1e6}
+EMBEDDED_PARAMS = {"smollm2-135m": 134.5e6, "gemma3-270m": 268.1e6}  # the real models' (their de-quantised weights)
+EMBEDDED = ("embedded", "embedded-large")  # the shipped models: their sizes are counted in their weights (`shipped_params`)
 
 
 def model_params(name: str) -> float:
@@ -41,6 +42,8 @@ def model_params(name: str) -> float:
     in-turn memory's estimates; `model_size` counts the shipped weights)."""
     import re
 
+    if name in EMBEDDED:
+        return shipped_params(name)
     if name in EMBEDDED_PARAMS:
         return EMBEDDED_PARAMS[name]
     m = re.search(r"(\d+(?:\.\d+)?)B\b", name)
@@ -334,14 +337,19 @@ def t5_runs(rates=T5_RATES) -> dict:
 T5_RUNS = t5_runs()
 
 
-def model_size(name: str) -> str:
-    """'1.0 M': the parameters of embedded model `name` counted in its shipped weights (dppo/embedded/<name>/), in
-    millions; every label, caption and doc that states a size quotes this (tests/test_readme.py checks the docs). Read
-    from the safetensors header (8 bytes of length, then JSON with each tensor's shape) with the standard library:
+def shipped_params(name: str) -> int:
+    """The parameters of embedded model `name` counted in its shipped weights (dppo/embedded/<name>/): read from the
+    safetensors header (8 bytes of length, then JSON with each tensor's shape) with the standard library:
     ./reproduce.sh imports this module with the system Python before any environment exists."""
     with open(Path(__file__).resolve().parent / "embedded" / name / "model.safetensors", "rb") as f:
         header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-    return f"{sum(math.prod(t['shape']) for key, t in header.items() if key != '__metadata__') / 1e6:.1f} M"
+    return sum(math.prod(t["shape"]) for key, t in header.items() if key != "__metadata__")
+
+
+def model_size(name: str) -> str:
+    """'1.0 M': `shipped_params` in millions; every label, caption and doc that states a size quotes this
+    (tests/test_readme.py checks the docs)."""
+    return f"{shipped_params(name) / 1e6:.1f} M"
 
 
 SMALL, LARGE = f"embedded ({model_size('embedded')})", f"embedded-large ({model_size('embedded-large')})"  # T3's rows

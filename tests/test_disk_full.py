@@ -4,6 +4,7 @@
 needed and those free, leaves no partial temporary file, and the last complete checkpoint resumes the run once there
 is space (here: the folder copied to a disk with room)."""
 
+import re
 import shutil
 import subprocess
 import uuid
@@ -90,13 +91,41 @@ def test_a_study_short_of_disk_refuses_before_any_run_trains(tmp_path, small_dis
         results.run_layout(layout, seeds=[0], smoke=True, root=disk / "study")
     said = str(stop.value)
     assert "\n" not in said and said.startswith(f"this study: not enough disk in {str(disk / 'study')!r}")
-    assert " GB at once " in said and " GB free" in said
+    assert re.search(r"need up to [\d.,]+ [MG]B at once \([\d.,]+ [MG]B kept when done.*, [\d.,]+ [MG]B free;", said), said
     assert not any(disk.rglob("metrics.jsonl"))  # nothing trained
     configs = [results._config(c, tmp_path / label, True, **o) for label, (c, o, _) in layout.items()]
     kept, most = disk_plan([configs])
     assert most > kept > 0 and disk_plan([[c] for c in configs])[1] < most  # in turn: both runs' peaks at once
     assert free_bytes(disk / "not" / "made") == free_bytes(disk) < most
     assert disk_shortfall([configs], tmp_path, "this study") is None  # the test machine's disk has room
+
+
+def test_a_disk_that_holds_one_run_at_a_time_trains_the_study_one_run_at_a_time(tmp_path, small_disk, embedded):
+    """Runs trained in turn hold their checkpoints at once (a seed's 4 SmolLM2 smoke runs: 8.6 GB, where one at a
+    time needs 3.8). Where the disk holds the study's kept files and one run's checkpoints but not two runs', the
+    runs train in turn in smaller groups (`dppo.disk.runs_at_once`, `results.in_turn_chunks`'s `at_most`) and the
+    study finishes, never over the disk; refusing it (the check alone) or filling the disk mid-run were the
+    alternatives."""
+    import json
+
+    from dppo import progress, results, studies
+    from dppo.disk import disk_plan, run_disk_bytes, runs_at_once
+
+    layout = {"GRPO": studies.T1_RUNS["GRPO"], "DPPO": studies.T1_RUNS["DPPO"]}
+    configs = [results._config(c, tmp_path / label, True, **o) for label, (c, o, _) in layout.items()]
+    (kept, peak), together, apart = run_disk_bytes(configs[0]), disk_plan([configs])[1], disk_plan([[c] for c in configs])[1]
+    assert apart < together and peak > kept  # the room this test needs: one run's checkpoints, not two
+    disk = small_disk(int((apart + together) / 2))
+    assert runs_at_once(configs, disk) == 1 and runs_at_once(configs, tmp_path) >= 2
+    notes = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(progress, "note", notes.append)
+        runs = results.run_layout(layout, seeds=[0], smoke=True, root=disk / "study")
+    for label, (folder,) in runs.items():
+        assert results.finished(folder), label
+        groups = json.loads((folder / results.IN_TURN_FILE).read_text())["sittings"]
+        assert [len(g["runs"]) for g in groups] == [1], (label, groups)  # one at a time
+    assert any("holds 1 run(s) training at once" in n for n in notes), notes
 
 
 def test_the_reproduction_checks_its_dry_runs_disk_before_training(tmp_path, small_disk):
