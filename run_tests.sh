@@ -47,7 +47,7 @@ ready() {  # ready NAME PID LOG: wait for a background setup; its log, or the su
   fi
   cat "$3"
 }
-part -n 2 --dist loadfile -m "not serial" "$@"
+part -n 2 --dist loadfile --no-loadscope-reorder -m "not serial" "$@"  # files in tests/conftest.py's order
 # before the serial part, which must have the machine to itself
 if [ "$vllm" = 1 ]; then ready .venv-vllm "$vllm_setup" "$vllm_log"; fi
 if [ "$min" = 1 ]; then
