@@ -5,8 +5,9 @@
 # (experiments/results/smoke) are removed first, and a run folder is reused only by the config and code that made it.
 #
 # The main suite runs in two parts: every test file on 2 workers (pytest-xdist, one file per worker at a time, one
-# intra-op thread each: tests/conftest.py), then, alone on the machine, the tests marked `serial` (the study
-# notebooks, which time paired runs and share their smoke runs; the contention and time-limit tests). .venv-vllm is
+# intra-op thread each: tests/conftest.py; the longest files first), then, alone on the machine, the tests marked
+# `serial` (the study notebooks, which time paired runs and share their smoke runs; the contention and time-limit
+# tests; the real model's notebooks took 4.5x their serial time on one thread beside the rest). .venv-vllm is
 # set up meanwhile, in the background (its log is printed if it fails).
 #
 # The lowest versions pyproject.toml claims (the lent GPU node's image: torch 2.11.0, transformers 5.17.0,

@@ -45,6 +45,7 @@ from dppo import figures, results, studies, tables
 if smoke:
     seeds = seeds[:1]  # one seed: the real model's steps are slow; intervals over seeds are tested by main_results
     shared_rows = False  # as are the shared-prompt rows (T1's, on the embedded model): two runs fewer here
+    overrides = {**overrides, "max_steps": 1}  # one step a run: DPPO's completion stage prunes and re-weights in it
 layout = studies.study_layouts("real_model", configs=configs, overrides=overrides, shared_rows=shared_rows)["R1"]
 runs = results.run_layout(layout, seeds=seeds, smoke=smoke, launch=launch, root=results_dir, profile=profile,
                           baseline=studies.TABLES["R1"].baseline)  # a run with its baseline, where they fit

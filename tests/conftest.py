@@ -14,15 +14,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # Tests that need the machine to themselves (run_tests.sh runs them after the parallel part): the study notebooks
 # (they time paired runs, and share T1's smoke runs), the contention checks, and the time-limit and server tests.
 SERIAL_FILES = ("test_paired.py", "test_gpu_check.py", "test_jupyterlab.py")
-# but the real model's two notebooks train runs no other notebook reads and assert no clock (R1's one smoke seed has
-# no speed-up interval; P1 checks that evaluations count in a pair's minutes): they run in the parallel part
-PARALLEL_NOTEBOOKS = ("real_model.ipynb", "protocol.ipynb")
 # the parallel part's longest files first (run_tests.sh has pytest-xdist hand files out in this order, not by their
-# numbers of tests): one started last would run alone at the end (measured from a fresh clone, --durations=0). Each
-# worker starts with two files, the 1st and 3rd to one, the 2nd and 4th to the other: the real model's notebooks
-# (4 and 2 SmolLM2 runs held at once) go one after the other on one worker, never together in memory
-LONGEST_FIRST = ("protocol.ipynb", "test_toy_profile.py", "real_model.ipynb", "test_trl.py", "test_faults.py",
-                 "test_trainer.py")
+# numbers of tests): one started last would run alone at the end (measured from a fresh clone, --durations=0)
+LONGEST_FIRST = ("test_toy_profile.py", "test_trl.py", "test_faults.py", "test_trainer.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
@@ -32,8 +26,7 @@ def pytest_collection_modifyitems(config, items):
     from test_install import ENV_TEST, start_environment_yml_resolution
 
     for item in items:
-        if (item.path.parent.name == "notebooks" and item.path.name not in PARALLEL_NOTEBOOKS
-                or item.path.name in SERIAL_FILES):
+        if item.path.parent.name == "notebooks" or item.path.name in SERIAL_FILES:
             item.add_marker(pytest.mark.serial)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
