@@ -111,6 +111,7 @@ class Baton(TrainerCallback):
         wall, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
         s["times"][self.name].append((wall, cpu))
         s["load"][self.name].append(self.meter.stop())  # cores of other work during the step
+        print(f"  {self.name}: step {state.global_step}/{state.max_steps} in {wall:.0f} s", flush=True)  # progress
         if self.held is not None:  # while the turn is still held (an evaluation: not counted in the step's time)
             self.held(state.global_step)
         with s["cond"]:

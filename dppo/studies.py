@@ -33,7 +33,7 @@ ROOT = _REPO if (_REPO / "experiments").is_dir() else Path.cwd()
 RESULTS = ROOT / "experiments" / "results"
 FIGURES = ROOT / "figures"
 
-EMBEDDED_PARAMS = {"smollm2-135m": 134.5e6, "gemma3-270m": 268.1e6}  # the real models' (their de-quantised weights)
+REAL_MODEL_PARAMS = {"smollm2-135m": 134.5e6, "gemma3-270m": 268.1e6}  # the package-index models (de-quantised)
 EMBEDDED = ("embedded", "embedded-large")  # the shipped models: their sizes are counted in their weights (`shipped_params`)
 
 
@@ -44,8 +44,8 @@ def model_params(name: str) -> float:
 
     if name in EMBEDDED:
         return shipped_params(name)
-    if name in EMBEDDED_PARAMS:
-        return EMBEDDED_PARAMS[name]
+    if name in REAL_MODEL_PARAMS:
+        return REAL_MODEL_PARAMS[name]
     m = re.search(r"(\d+(?:\.\d+)?)B\b", name)
     if not m:
         raise ValueError(f"cannot read a parameter count from model name {name!r} (e.g. ...-4B)")

@@ -104,3 +104,20 @@ def test_a_pair_at_toy_size_evaluates_both_runs_on_shared_streams_and_logs_them(
     b.write_log(tmp_path / "logs", 0, r, {"model": "embedded"})
     df = b.summarize(tmp_path / "logs")
     assert df.loc[0, "flops_speedup"] == pytest.approx(trl["flops"] / dppo["flops"])
+
+
+def test_the_committed_comparison_and_the_readme_recompute_from_the_committed_logs(tmp_path):
+    """figures/real/TRL_smollm2.md is what `report` makes from the committed logs (experiments/results/real/
+    trl_smollm2/, >= 3 seeds, one pair each), and the README's and docs/trl.md's numbers for DPPO inside TRL are
+    that table's: a log edited, added or left out shows here."""
+    b = bench()
+    logs = sorted(b.REAL_LOGS.glob("seed*.json"))
+    assert len(logs) >= 3, logs
+    text = b.report(b.REAL_LOGS, tmp_path / "TRL")
+    assert b.REAL_TABLE.with_suffix(".md").read_text() == text + "\n"
+    v = b.verdicts(b.summarize(b.REAL_LOGS))
+    said = (f"{v['wall'].mean:.2f}x ± {v['wall'].half:.2f} wall", f"{v['flops'].mean:.2f}x ± {v['flops'].half:.2f} FLOPs",
+            f"{v['gain'].mean:+.1f} ± {v['gain'].half:.1f} points")
+    for doc in ("README.md", "docs/trl.md"):
+        page = (ROOT / doc).read_text()
+        assert all(s in page for s in said), (doc, said)
