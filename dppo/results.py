@@ -326,7 +326,7 @@ def in_turn_chunks(group: list[tuple[str, TrainConfig]], available_bytes: float,
     paired only within a group (the host's speed drifts between groups: docs/results.md, T5 from a fresh clone), so
     with `baseline` (a row label -> the label it is compared with: `dppo.studies.Table.baseline`) a baseline and its
     rows are kept in one group where they fit, whole units packed in order (T2's 6 runs: X and X + DPPO together, 4
-    and 2). Where a unit does not fit (T4: one GRPO, 6 rows) or its baseline trained earlier (T5's cells, after T4),
+    and 2). Where a unit does not fit (T4: one GRPO, 7 rows) or its baseline trained earlier (T5's cells, after T4),
     each group of its rows without the baseline also trains the baseline's timing twin — label `TWIN.format(base)`,
     the baseline's config from `configs` (the seed's runs by label, finished ones too), its folder set by the caller —
     the same run again, whose clock the rows' speed-ups use (`timed_with`). Without `baseline`: as few groups as fit,

