@@ -85,7 +85,8 @@ def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str],
                 row.update({k: float("nan") for k in TIMED})
             # the tokens the row's updates trained on, a share of its baseline's (T4's proportional row trains fewer
             # than DPPO at the same expected budget: its speed-up beside what it spends)
-            row["tokens_share"] = row.get("tokens/trained", float("nan")) / base.get("tokens/trained", float("nan"))
+            trained = base.get("tokens/trained", float("nan"))  # (0 where a toy run trained nothing: no share)
+            row["tokens_share"] = row.get("tokens/trained", float("nan")) / trained if trained else float("nan")
             row["acc_gain"] = row[READINGS[reading]] - base[READINGS[reading]]
             row["reading"] = reading
             rows.append(row)
