@@ -9,7 +9,7 @@
 #                                           that trained them is this checkout's (minutes), else trained (~2.1 h)
 #   --retrain                               train every run of the studies named again, committed logs and finished
 #                                           runs alike (./reproduce.sh --retrain: T1 from scratch, ~2.1 h)
-#   ./reproduce.sh --profile real           the paper's tables: T1, F2, T2, T3 (+ Gemma 3 270M), T4, T5, F3, F5 (~6 h on 2
+#   ./reproduce.sh --profile real           the paper's tables: T1, F2, T2, T3 (+ Gemma 3 270M), T4, T5, F3, F5 (~8.5 h on 2
 #                                           cores; dppo.studies.real_params; runs under experiments/results/real,
 #                                           tables in figures/real); with --dry-run: its runs and estimated minutes
 #   ./reproduce.sh --profile cpu            every study on the embedded default, the quick profile (~35 min: a 1.0 M

@@ -1,6 +1,10 @@
-"""The case study of figure F5 (docs/method.md §6): one held-out problem, each method's sampled answers at every
-kept checkpoint. Sampling goes through the runs' rollout engine (`rollout_backend`) at their training temperature, and
-answers are read and graded as their reward read them (`answer_format`, `answer_check`)."""
+"""The case study of figure F5 (docs/method.md §6): one held-out problem a seed, each method's sampled answers at every
+kept checkpoint. The problem is chosen by a rule fixed before any run trains and blind to the methods: among the
+split's first candidates whose right answer the initial model samples at least once, the one on which its sampled
+answers are most split (`most_split`), so there is room to settle on the right answer or on a wrong one. Sampling
+goes through the runs' rollout engine (`rollout_backend`) at their training temperature, and answers are read and
+graded as their reward read them (`answer_format`, `answer_check`). The verdict reads each method's last checkpoint
+(`dppo.verdicts.final_right`, `dppo.verdicts.case_study`)."""
 
 from __future__ import annotations
 
@@ -14,14 +18,27 @@ from dppo.runfiles import read_metrics
 from dppo.trainer import load_data
 
 
+PICK_SAMPLES = 16  # answers of the initial model sampled per candidate problem to choose the one F5 follows
+
+
+def most_split(answers: list[list[str]]) -> int:
+    """The index of the problem whose sampled answers are most split: the largest share outside its most sampled
+    answer (1 - top count / samples), ties to more distinct answers, then to the first."""
+    def split(i: int) -> tuple[float, int, int]:
+        counts = pd.Series(answers[i]).value_counts()
+        return (1.0 - counts.iloc[0] / len(answers[i]) if len(answers[i]) else 0.0, len(counts), -i)
+    return max(range(len(answers)), key=split)
+
+
 def case_study_answers(runs: dict[str, Path], split: str = "", samples: int = 32, seed: int = 0,
                        candidates: int = 0) -> pd.DataFrame:
-    """F5 data: the problem of eval split `split` ("": `ood` where the task has it, else its first split; the
-    arithmetic task's is `heldout`), among its first `candidates` (0: all), on which the methods' final models
-    disagree most (by 8 sampled answers each), then for each method, at the initial model, at every kept checkpoint
-    and at its final model (when no checkpoint of the last step was kept: the paper profile keeps none after final/),
-    the counts of its sampled final answers. Columns: method, step, answer, count, samples, correct, question,
-    gold."""
+    """F5 data for one seed: the problem of eval split `split` ("": `ood` where the task has it, else its first split;
+    the arithmetic task's is `heldout`), among its first `candidates` (0: all), on which the initial model's
+    PICK_SAMPLES sampled answers are most split (`most_split`, among the problems whose right answer it samples at
+    least once: chosen from the initial model alone, before any method's result), then for each method, at the
+    initial model, at every kept checkpoint and at its final model (when no checkpoint of the last step was kept: the
+    paper profile keeps none after final/), the counts of its sampled final answers, sampling seed `seed` (the runs').
+    Columns: seed, method, step, answer, count, samples, correct, question, gold."""
     import torch
     from safetensors.torch import load_file
 
@@ -57,12 +74,13 @@ def case_study_answers(runs: dict[str, Path], split: str = "", samples: int = 32
 
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     finals = {m: load_file(str(Path(d) / "final" / "model.safetensors")) for m, d in runs.items()}
-    acc = {}
-    for m, state in finals.items():
-        texts = sample(state, [p.prompt for p in problems], 8)
-        acc[m] = [sum(grade(t, p.answer) for t in texts[i * 8:(i + 1) * 8]) / 8 for i, p in enumerate(problems)]
-    spread = [max(a[i] for a in acc.values()) - min(a[i] for a in acc.values()) for i in range(len(problems))]
-    pick = max(range(len(problems)), key=lambda i: (spread[i], -i))
+    texts = sample(None, [p.prompt for p in problems], PICK_SAMPLES)  # the initial model's (loaded above)
+    drawn = [texts[i * PICK_SAMPLES:(i + 1) * PICK_SAMPLES] for i in range(len(problems))]
+    # the problems whose right answer the initial model samples at least once (a right answer there to settle on; all
+    # of them where none has one)
+    open_ = [i for i, p in enumerate(problems) if any(grade(t, p.answer) for t in drawn[i])]
+    open_ = open_ or list(range(len(problems)))
+    pick = open_[most_split([[extract_answer(t, cfg.answer_format) or "(none)" for t in drawn[i]] for i in open_])]
     problem, question = problems[pick], asked[pick].prompt  # the question as written (no chat turn around it)
     rows = []
     for m, d in runs.items():
@@ -78,7 +96,7 @@ def case_study_answers(runs: dict[str, Path], split: str = "", samples: int = 32
                 a = extract_answer(t, cfg.answer_format) or "(none)"
                 counts[a] = counts.get(a, 0) + 1
                 correct[a] = correct.get(a, False) or grade(t, problem.answer)
-            rows += [{"method": m, "step": step, "answer": a, "count": c, "samples": samples, "correct": correct[a],
-                      "question": question, "gold": problem.answer}
+            rows += [{"seed": seed, "method": m, "step": step, "answer": a, "count": c, "samples": samples,
+                      "correct": correct[a], "question": question, "gold": problem.answer}
                      for a, c in counts.items()]
     return pd.DataFrame(rows)

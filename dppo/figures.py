@@ -260,41 +260,49 @@ def figure_t5(t5: pd.DataFrame, rates, name: str = "T5_sensitivity_heatmap", out
     return fig
 
 
-def figure_f5(answers: pd.DataFrame, name: str = "F5_case_study", out: Path = FIGURES, seed: int = 0, top_k: int = 7):
-    """Per method: share of each sampled answer at each of its checkpoints (gold answer in green; the `top_k` most
-    sampled answers over all methods by name, the rest pooled as 'other', with how many distinct answers it holds).
-    The question is shown whole; the title says the seed and the samples per checkpoint. Panels differ in length
-    because each method saves a checkpoint every few of its own steps, and pruning methods take fewer steps per
-    epoch."""
+def figure_f5(answers: pd.DataFrame, name: str = "F5_case_study", out: Path = FIGURES, top_k: int = 7):
+    """Per seed (a row; its own problem) and method (a column): share of each sampled answer at each of the method's
+    checkpoints (gold answer in green; the row's `top_k` most sampled answers over all methods by name, the rest
+    pooled as 'other', with how many distinct answers it holds). Each question is shown whole with its seed; the title
+    says the samples per checkpoint. Panels differ in length because each method saves a checkpoint every few of its
+    own steps, and pruning methods take fewer steps per epoch."""
     import textwrap
 
     plt = _plt()
+    answers = answers if "seed" in answers else answers.assign(seed=0)
     methods = list(dict.fromkeys(answers["method"]))
-    fig, axes = plt.subplots(1, len(methods), figsize=(3.4 * len(methods), 3.6), sharey=True, squeeze=False)
-    top = answers.groupby("answer")["count"].sum().sort_values(ascending=False).index[:top_k].tolist()
-    gold = set(answers.loc[answers["correct"], "answer"])
-    others = answers.loc[~answers["answer"].isin(top), "answer"].nunique()
+    seeds = list(dict.fromkeys(answers["seed"]))
+    fig, axes = plt.subplots(len(seeds), len(methods), figsize=(3.4 * len(methods), 3.2 * len(seeds) + 0.6),
+                             sharey=True, squeeze=False)
     palette = ["tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan",
                "tab:gray"]  # green = gold only
-    for ax, m in zip(axes[0], methods):
-        d = answers[answers["method"] == m]
-        steps = sorted(d["step"].unique())
-        bottom = [0.0] * len(steps)
-        for j, a in enumerate(top + ["other"]):
-            share = [float(d[(d["step"] == s) & ((d["answer"] == a) if a != "other" else ~d["answer"].isin(top))]
-                           ["count"].sum()) / float(d[d["step"] == s]["samples"].iloc[0]) for s in steps]
-            color = "tab:green" if a in gold else ("lightgray" if a == "other" else palette[j % len(palette)])
-            label = f"{a} (gold)" if a in gold else f"other ({others} distinct answers)" if a == "other" else a
-            ax.bar([str(s) for s in steps], share, bottom=bottom, color=color, label=label)
-            bottom = [b + x for b, x in zip(bottom, share)]
-        ax.set(title=m, xlabel="training step")
-    axes[0][0].set_ylabel("share of sampled answers")
-    axes[0][-1].legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
-    question = textwrap.fill("Q: " + " ".join(str(answers["question"].iloc[0]).split()), int(14 * 3.4 * len(methods)))
-    question = question.replace("$", r"\$")  # LaTeX in a MATH problem is shown as written, not parsed as mathtext
-    fig.suptitle(f"{question}\n(gold: {answers['gold'].iloc[0]}; seed {seed} of each method, "
-                 f"{int(answers['samples'].iloc[0])} samples per checkpoint; each method's own checkpoints: pruning "
-                 "methods take fewer steps per epoch)", fontsize=8)
+    width = int(14 * 3.4 * len(methods))
+    heads = []
+    for row, seed in zip(axes, seeds):
+        a = answers[answers["seed"] == seed]
+        top = a.groupby("answer")["count"].sum().sort_values(ascending=False).index[:top_k].tolist()
+        gold = set(a.loc[a["correct"], "answer"])
+        others = a.loc[~a["answer"].isin(top), "answer"].nunique()
+        for ax, m in zip(row, methods):
+            d = a[a["method"] == m]
+            steps = sorted(d["step"].unique())
+            bottom = [0.0] * len(steps)
+            for j, ans in enumerate(top + ["other"]):
+                mine = (d["answer"] == ans) if ans != "other" else ~d["answer"].isin(top)
+                share = [float(d[(d["step"] == s) & mine]["count"].sum()) / float(d[d["step"] == s]["samples"].iloc[0])
+                         for s in steps]
+                color = "tab:green" if ans in gold else ("lightgray" if ans == "other" else palette[j % len(palette)])
+                label = (f"{ans} (gold)" if ans in gold else f"other ({others} distinct answers)" if ans == "other"
+                         else ans)
+                ax.bar([str(s) for s in steps], share, bottom=bottom, color=color, label=label)
+                bottom = [b + x for b, x in zip(bottom, share)]
+            ax.set(title=m if len(seeds) == 1 else f"{m}, seed {seed}", xlabel="training step")
+        row[0].set_ylabel("share of sampled answers")
+        row[-1].legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
+        question = textwrap.fill(f"seed {seed}: Q: " + " ".join(str(a["question"].iloc[0]).split()), width)
+        heads.append(question.replace("$", r"\$") + f" (gold: {a['gold'].iloc[0]})")  # LaTeX shown as written
+    fig.suptitle("\n".join(heads) + f"\n({int(answers['samples'].iloc[0])} samples per checkpoint; each method's own "
+                 "checkpoints: pruning methods take fewer steps per epoch)", fontsize=8)
     fig.tight_layout()
     save_figure(fig, name, out)
     return fig

@@ -42,14 +42,19 @@ def _value(row: pd.Series, column: str, unit: str = "", sign: str = "") -> str:
     return f"{value} ± {ci:.{digits}f}{unit}" if unit.startswith(" ") else f"{value}{unit} ± {ci:.{digits}f}"
 
 
-def _run(row: pd.Series) -> str:
-    """Speed-up in wall-clock and FLOPs and accuracy gain of one row against its baseline; a wall-clock mean that
-    leaves out contended pairs or pairs that trained apart (`dppo.tables`) says over how many seeds it is."""
+def _run(row: pd.Series, base: pd.Series | None = None) -> str:
+    """Speed-up in wall-clock and FLOPs and accuracy gain of one row against its baseline (`base`, its summary row);
+    a wall-clock mean that leaves out contended pairs or pairs that trained apart (`dppo.tables`) says over how many
+    seeds it is; a row whose training steps (each one optimizer update or a fixed number of them) differ from its
+    baseline's by half a step or more says how many it made (CPPO's allocation halves them; refill saves a few)."""
     contended, apart = int(row.get("contended", 0) or 0), int(row.get("apart", 0) or 0)
     why = ", ".join(f"{k} {name}" for k, name in ((contended, "contended"), (apart, "trained apart")) if k)
     wall = f" ({int(row['seeds']) - contended - apart} seeds: {why})" if why else ""
     timed = "not timed (trained apart)" if math.isnan(row["speedup"]) else f"{_value(row, 'speedup', 'x')} wall{wall}"
-    return f"{timed}, {_value(row, 'speedup_flops', 'x')} FLOPs, {_value(row, 'acc_gain', ' points', '+')}"
+    steps = ""
+    if base is not None and "steps" in row and abs(row["steps"] - base["steps"]) >= 0.5:
+        steps = f", {row['steps']:.3g} training steps to {base['steps']:.3g}"
+    return f"{timed}, {_value(row, 'speedup_flops', 'x')} FLOPs, {_value(row, 'acc_gain', ' points', '+')}{steps}"
 
 
 def _learned(seeds: pd.DataFrame, label: str) -> Interval:
@@ -207,22 +212,25 @@ def _f4(figures: Path) -> str:
             f"(packed), {shared['speedup_vs_padded']:.2f}x (shared) padded's")
 
 
-def _f5(figures: Path) -> tuple[str, str]:
-    """F5: the problem followed and each method's share of right answers at its first and last checkpoint; a verdict
-    on the paper's (the pruned baselines settle on a wrong answer, DPPO on the right one) for this one problem."""
+def _f5(figures: Path) -> tuple[int, str, str]:
+    """F5: its seeds; per seed the problem followed (chosen before training: dppo.case_study.most_split) and each
+    method's share of right answers at its first and last checkpoint; the verdict on the paper's pattern (the pruned
+    baselines settle on a wrong answer, DPPO on the right one) by its stated rule (dppo.verdicts.case_study)."""
     a = pd.read_csv(figures / "F5_case_study.csv")
-    right = a[a["correct"]].groupby(["method", "step"])["count"].sum()
-    ends: dict[str, tuple[float, float]] = {}
-    for m, d in a.groupby("method", sort=False):
-        n = d["samples"].iloc[0]
-        ends[m] = (right.get((m, d["step"].min()), 0) / n, right.get((m, d["step"].max()), 0) / n)
-    n = int(a["samples"].iloc[0])
-    what = (f"'{' '.join(str(a['question'].iloc[0]).split())}' (gold {a['gold'].iloc[0]}): right of {n} samples, "
-            "step 0 -> last: " + ", ".join(f"{m} {s:.0%} -> {e:.0%}" for m, (s, e) in ends.items()))
-    dppo, pruned = ends.get("DPPO", (0, 0))[1], [ends[m][1] for m in ("CPPO", "GRESO") if m in ends]
-    said = ("one problem, one seed (illustrative): DPPO ends " +
-            ("above" if pruned and dppo > max(pruned) else "not above") + " CPPO and GRESO")
-    return what, said
+    a = a if "seed" in a else a.assign(seed=0)  # written before F5 had seeds: one
+    what, patterns = [], []
+    for seed, d in a.groupby("seed", sort=False):
+        right = d[d["correct"]].groupby(["method", "step"])["count"].sum()
+        ends: dict[str, tuple[float, float]] = {}
+        for m, dm in d.groupby("method", sort=False):
+            n = dm["samples"].iloc[0]
+            ends[m] = (right.get((m, dm["step"].min()), 0) / n, right.get((m, dm["step"].max()), 0) / n)
+        what.append(f"seed {seed}: '{' '.join(str(d['question'].iloc[0]).split())}' (gold {d['gold'].iloc[0]}), right "
+                    f"of {int(d['samples'].iloc[0])} samples, step 0 -> last: "
+                    + ", ".join(f"{m} {s:.0%} -> {e:.0%}" for m, (s, e) in ends.items()))
+        patterns.append(verdicts.case_pattern(verdicts.final_right(d)))
+    said = (f"{verdicts.case_study(patterns)}: DPPO's most sampled last answer right, CPPO's and GRESO's wrong")
+    return len(patterns), "; ".join(what), said
 
 
 def provenance(figures: Path) -> str:
@@ -246,6 +254,12 @@ def provenance(figures: Path) -> str:
         pairs = pd.read_csv(figures / "P1_protocol_pairs.csv")
         commits = sorted(set(", ".join(pairs["commit"]).split(", "))) if "commit" in pairs else ["unrecorded"]
         said.setdefault(where(commits), []).append(f"P1 ({pairs['seed'].nunique()} seeds a lever)")
+    f3 = figures / "F3_gradient_variance.csv"
+    if f3.is_file():  # F3 trains no run: the code that measured it, in its CSV
+        commits = sorted(set(pd.read_csv(f3).get("commit", pd.Series(["unrecorded"])).astype(str)))
+        text = ("measured before F3 recorded its commit" if commits == ["unrecorded"] else
+                f"measured at commit {', '.join(commits)} (no runs: its numbers in {f3.name})")
+        said.setdefault(text, []).append("F3")
     return "Provenance: " + "; ".join(f"{', '.join(tables)}: {text}" for text, tables in said.items()) + "."
 
 
@@ -272,9 +286,11 @@ def results_table(figures: Path = ROOT / "figures", keys: tuple[str, ...] | None
                     f"{rows['acc_gain'].min():+.1f} to {rows['acc_gain'].max():+.1f} points")
             judged = [label for label in rows.index if label == "r_q=0.5, r_o=0.5"]  # the paper's rates
         else:  # rows on the table's layout, then those on the shared-prompt layout apart (`Table.layout_rows`)
-            what = "; ".join(f"{label}: {_run(row)}" for label, row in rows.iterrows()
+            def base(label):
+                return df.loc[base_of(label)] if base_of(label) in df.index else None
+            what = "; ".join(f"{label}: {_run(row, base(label))}" for label, row in rows.iterrows()
                              if label not in recipe.layout_rows)
-            shared = [f"{label} vs {base_of(label)}: {_run(row)}" for label, row in rows.iterrows()
+            shared = [f"{label} vs {base_of(label)}: {_run(row, base(label))}" for label, row in rows.iterrows()
                       if label in recipe.layout_rows]
             what += (". Shared prompts: " + "; ".join(shared)) if shared else ""
             judged = [label for label in rows.index if label.startswith("DPPO") or label.endswith("+ DPPO")]
@@ -303,7 +319,8 @@ def results_table(figures: Path = ROOT / "figures", keys: tuple[str, ...] | None
     if (figures / "F4_packing.csv").is_file():
         lines.append(f"| F4 | - | {_f4(figures)} | - | {PAPER['F4']} |")
     if (figures / "F5_case_study.csv").is_file():
-        lines.append(f"| F5 | 1 | {' | '.join(_f5(figures))} | {PAPER['F5']} |")
+        seeds, what, said = _f5(figures)
+        lines.append(f"| F5 | {seeds} | {what} | {said} | {PAPER['F5']} |")
     return "\n".join(lines)
 
 

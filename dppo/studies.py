@@ -448,11 +448,14 @@ REAL_LAYOUTS = {"scale": SHARED_LAYOUT}
 # training, so its runs (T1's of seed 0, trained again) keep a checkpoint every 4 of their 16 steps, as weights only
 # once trained (`results.keep_weights_only`: 0.54 GB each, 1.6 GB with the optimizer's state).
 REAL_CHECKPOINTS = {"case_study": {"save_every": 4, "keep_checkpoints": 4, "keep_checkpoints_after_final": True}}
-# A study's seeds (the others: seed 0). T5 keeps one: a second would take the profile past its 4 hours
+# A study's seeds (the others: seed 0). T5 keeps one: a second would add ~40 minutes to a profile of ~8.5 hours
 # (docs/results.md, "T4 and T5 on the real model").
 # T1: P1's seeds of the chosen pair and 3 more, trained in turn after it (the protocol asks for 9 for a ±5 half-width at
 # the s.d. P1 measured: docs/results.md, "T1 on the real model").
-REAL_SEEDS = {"main_results": (*PROTOCOL_SEEDS, 4, 5, 6), "algorithms": (0, 1), "scale": (0, 1, 2), "ablations": (0, 1)}
+# F5: one problem a seed, 3 seeds (a verdict on the paper's pattern needs them: dppo.verdicts.CASE_MIN_SEEDS).
+# T2 and T3: 3 seeds (2 leave a t quantile of 12.7: no interval resolves).
+REAL_SEEDS = {"main_results": (*PROTOCOL_SEEDS, 4, 5, 6), "algorithms": (0, 1, 2), "scale": (0, 1, 2),
+              "ablations": (0, 1), "case_study": (0, 1, 2)}
 # The rows of T1 the real profile trains: the headline pair, the protocol's chosen GRPO and DPPO runs (P1; their logs
 # committed). Its other rows (GRESO, CPPO, DPPO-proportional) under the protocol take ~2 h more on 2 cores, a GRPO
 # timing twin a seed with them: not trained yet (docs/results.md, "T1 on the real model"), so T1 is the pair alone.
@@ -486,7 +489,9 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0, "p
 # them: an upper bound (a quiet T1 run took 4.6 then; the 25.4 min beyond 5 such runs: F5's sampling, at most).
 # T1 and F5 now train under the protocol's lever (PROTOCOL_CHOICE): a run of T1 takes what a run of the lever's quiet
 # pairs took in P1 (both runs' training and evaluations over 2: lever a's 4 pairs retrained 2026-12-07, 17.7 min a
-# pair; lever b's quiet seeds 1 and 2 of 2026-12-06, GRPO 18.1, DPPO 10.9); F5 that plus its sampling's share.
+# pair; lever b's quiet seeds 1 and 2 of 2026-12-06, GRPO 18.1, DPPO 10.9); F5 that plus its sampling's share: an
+# upper bound since F5's runs evaluate at the start and the end only and it picks its problem from the initial model's
+# answers alone (64 x 16, not 64 x 8 of each of 5 final models); not yet measured at its 3 seeds.
 PROTOCOL_RUN_MINUTES = {"a": 17.7 / 2, "b": 29.0 / 2}
 REAL_RUN_MINUTES = {"main_results": PROTOCOL_RUN_MINUTES[PROTOCOL_CHOICE], "algorithms": 36.9 / 6,
                     "scale": 36.6 / 8, "ablations": 58.8 / 15, "sensitivity": 58.8 / 15,
@@ -538,6 +543,8 @@ def real_params(study: str) -> dict:
     setup = {**setup, "keep_checkpoints_after_final": False}  # 1.6 GB a run once final/ (0.5 GB) is written
     if study in ("main_results", "case_study"):  # T1 (and F5, its methods again) under the protocol (§6.4)
         setup = protocol_setup(PROTOCOL_LEVERS[PROTOCOL_CHOICE])
+    if study == "case_study":  # F5 samples its own answers at the checkpoints: no evaluation during training
+        setup = {**setup, "eval_every": 1000}
     setup = {**setup, **REAL_CHECKPOINTS.get(study, {})}
     overrides = {**real_overrides(), **setup, **REAL_LAYOUTS.get(study, {})}
     return {"overrides": overrides, "profile": "real", **REAL_STUDY_PARAMS.get(study, {}),

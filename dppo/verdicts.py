@@ -14,6 +14,10 @@ methods is paired by seed (the same problems, data order and evaluation streams)
   whose evaluation grid resolves both runs' times ("reach_resolved": each run's first evaluation within one s.e. of
   the target comes after an evaluation during training that was not), and never for a row whose work equals its
   baseline's (FLOPs ratio within 1 ± SAME_WORK in every seed: a clock ratio of identical work is noise).
+- **case study** (F5): a seed shows the paper's pattern when, at each method's last checkpoint on the problem F5
+  follows (chosen before training: `dppo.case_study.most_split`), DPPO's most sampled answer is right and the most
+  sampled answer of every pruned baseline (CPPO, GRESO) is wrong. "reproduced" when a majority of at least
+  CASE_MIN_SEEDS seeds shows it, "not reproduced" when they are that many and a majority does not, "illustrative" below.
 - **seeds needed**: the smallest n at which a paired two-sided t-test at level ALPHA detects a difference of MARGIN
   points with power POWER, at the s.d. over seeds measured (noncentral t); "rough" when that s.d. comes from fewer
   than ROUGH_BELOW seeds, with the range of n over the s.d.'s own 95% interval (chi-square).
@@ -31,6 +35,8 @@ POWER = 0.8
 ROUGH_BELOW = 4  # an s.d. from fewer seeds makes the seeds-needed count "rough"
 SAME_WORK = 0.01  # a FLOPs ratio within 1 ± this is the baseline's own work: no time-to-accuracy verdict
 MAX_SEEDS = 100_000  # seeds_for_power's search bound
+CASE_MIN_SEEDS = 3  # F5: the seeds a case-study verdict needs (one problem a seed)
+CASE_BASELINES = ("CPPO", "GRESO")  # the pruned baselines the paper's case study shows settling on a wrong answer
 
 
 def t_quantile(dof: int, q: float = 0.975) -> float:
@@ -186,3 +192,33 @@ def seeds_needed(gain: Interval, delta: float = MARGIN) -> str:
     else:
         text += f" (s.d. {gain.sd:.1f} from {gain.n} seeds)"
     return text
+
+
+def final_right(answers) -> dict[str, bool]:
+    """One seed's F5 data (a DataFrame: method, step, answer, count, correct) -> {method: whether the most sampled
+    answer at its last checkpoint is right} (ties to the answer listed first)."""
+    out = {}
+    for m, d in answers.groupby("method", sort=False):
+        last = d[d["step"] == d["step"].max()]
+        out[m] = bool(last.loc[last["count"].idxmax(), "correct"])
+    return out
+
+
+def case_pattern(right: dict[str, bool]) -> bool:
+    """One seed of F5: {method: whether its most sampled answer at its last checkpoint is right} -> the paper's
+    pattern (DPPO right, every pruned baseline of CASE_BASELINES wrong); False when a method is missing."""
+    if "DPPO" not in right or any(m not in right for m in CASE_BASELINES):
+        return False
+    return right["DPPO"] and not any(right[m] for m in CASE_BASELINES)
+
+
+def case_study(patterns: Iterable[bool], min_seeds: int = CASE_MIN_SEEDS) -> str:
+    """F5's verdict over seeds, from `case_pattern` per seed: 'reproduced (k of n seeds)' when k > n / 2 and n >=
+    `min_seeds`, 'not reproduced (k of n seeds)' when n >= `min_seeds` and k <= n / 2, else 'illustrative (k of n
+    seeds: a verdict needs min_seeds)'."""
+    patterns = list(patterns)
+    k, n = sum(map(bool, patterns)), len(patterns)
+    counted = f"{k} of {n} seed{'s' if n != 1 else ''}"
+    if n < min_seeds:
+        return f"illustrative ({counted}; a verdict needs {min_seeds})"
+    return f"{'reproduced' if 2 * k > n else 'not reproduced'} ({counted})"

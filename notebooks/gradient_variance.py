@@ -117,6 +117,7 @@ rows.append({"estimator": "GRESO", "rate": float("nan"), **stats, "closed_form_v
 df = pd.DataFrame(rows)
 df["bias_in_se"] = df["bias"] / df["bias_se"].clip(lower=1e-9 * df["full_grad_sq"] ** 0.5)  # r = 0: both ~0
 df["variance_rel"] = df["variance"] / df["full_grad_sq"]
+df["commit"] = results.training_commit()  # the code that measured it (F3 trains no run: its numbers are its log)
 data_dir.mkdir(parents=True, exist_ok=True)
 df.to_csv(data_dir / "variance.csv", index=False)
 df.round(4)

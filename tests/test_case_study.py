@@ -71,3 +71,48 @@ def test_a_finished_runs_checkpoints_keep_their_weights_only_and_it_is_not_retra
     (unfinished / "checkpoints" / "step_1").mkdir(parents=True)
     with pytest.raises(ValueError, match="not finished"):
         results.keep_weights_only(unfinished)
+
+
+def test_the_problem_followed_is_the_one_the_initial_model_is_most_split_on():
+    """The rule F5 fixes before any run trains: the largest share outside the most sampled answer, ties to more
+    distinct answers, then to the first problem."""
+    answers = [["7"] * 16, ["7"] * 10 + ["8"] * 6, ["7"] * 8 + ["8"] * 8, ["1"] * 8 + ["2"] * 4 + ["3"] * 4, []]
+    assert case_study.most_split(answers) == 3  # 1/2 outside the top answer, with three answers against two
+    assert case_study.most_split(answers[:3]) == 2
+    assert case_study.most_split([["4", "5"], ["5", "4"]]) == 0  # a full tie: the first
+    assert case_study.most_split([[], ["3"] * 4]) == 1  # neither split: one answer is more distinct ones than none
+
+
+def test_the_problem_is_picked_from_the_initial_model_before_any_method_s_result(run_dir, monkeypatch):
+    """Whatever the runs' models answer later, the pick reads the initial model's answers only, among the problems
+    whose right answer it samples at least once: problem 1 (right half the time) over problem 2 (four wrong answers,
+    more split); with no right answer sampled anywhere, the most split of all (problem 2)."""
+    from dppo import rollout
+    from dppo.config import TrainConfig
+    from dppo.trainer import load_data
+
+    evals = load_data(TrainConfig.load(run_dir / "config.yaml"))[1]
+    split = "ood" if "ood" in evals else next(iter(evals))
+    golds = [p.answer for p in evals[split][:4]]
+    assert not {str(987654321 + k) for k in range(5)} & set(golds)
+
+    class Initial(Answers):
+        def __init__(self, gold_on_1: bool):
+            super().__init__()
+            self.synced, self.gold_on_1 = False, gold_on_1
+
+        def sync_weights(self, model):
+            self.synced = True
+
+        def generate(self, prompts, sampling):
+            if self.synced or len(prompts) == 1:  # a checkpoint's answers on the problem followed
+                return super().generate(prompts, sampling)
+            wrong = 987654321  # no gold of the task's
+            one = [f"so it is {golds[1] if self.gold_on_1 and k % 2 else wrong}" for k in range(sampling.n)]
+            two = [f"so it is {wrong + 1 + k % 4}" for k in range(sampling.n)]
+            rest = [f"so it is {wrong}"] * sampling.n
+            return types.SimpleNamespace(texts=rest + one + two + rest)
+    for gold_on_1, picked in ((True, 1), (False, 2)):
+        monkeypatch.setattr(rollout, "engine_from_config", lambda *args, g=gold_on_1: Initial(g))
+        answers = case_study.case_study_answers({"GRPO": run_dir}, samples=2, seed=5, candidates=4)
+        assert set(answers["question"]) == {evals[split][picked].prompt} and set(answers["seed"]) == {5}, gold_on_1

@@ -103,3 +103,15 @@ def test_f4_legend_clear_of_the_bars_and_the_spread_of_the_repetitions(tmp_path)
     assert anchor.y1 <= 0
     bars = next(c for c in throughput.containers if hasattr(c, "patches"))
     assert bars.errorbar is not None and "s.d." in throughput.get_title()
+
+
+def test_f5_has_a_row_per_seed_each_with_its_own_question(tmp_path):
+    rows = [dict(seed=seed, method=m, step=s, answer=a, count=4, samples=8, correct=a == gold,
+                 question=f"What is {gold} + 0?", gold=gold)
+            for seed, gold in ((0, "11"), (1, "12"), (2, "13")) for m in ("GRPO", "DPPO") for s in (0, 4)
+            for a in (gold, "9")]
+    fig = figures.figure_f5(pd.DataFrame(rows), out=tmp_path)
+    assert len(fig.axes) == 6 and fig.axes[2].get_title() == "GRPO, seed 1"
+    title = fig._suptitle.get_text()
+    assert all(f"seed {s}: Q: What is {g} + 0? (gold: {g})" in title for s, g in ((0, 11), (1, 12), (2, 13)))
+    assert "11 (gold)" in _legend_texts(fig.axes[1]) and "13 (gold)" in _legend_texts(fig.axes[5])

@@ -183,3 +183,35 @@ def test_contradictions_with_the_paper_are_stated_from_the_intervals():
     assert against_paper("T5", t5, clear) == ""
     t5.loc["r_q=0.5, r_o=0.5", "speedup_flops"] = 1.0
     assert "not monotone" in against_paper("T5", t5, clear) and "0.5, 0.5: 1.00x" in against_paper("T5", t5, clear)
+
+
+def test_provenance_names_the_commit_that_measured_f3(tmp_path):
+    """F3 trains no run: the commit in its CSV is its provenance; a CSV from before F3 recorded one says so."""
+    import shutil
+
+    import pandas as pd
+
+    from dppo.readme import provenance
+
+    figures = tmp_path / "real"
+    shutil.copytree(ROOT / "figures" / "real", figures)
+    f3 = pd.read_csv(figures / "F3_gradient_variance.csv").drop(columns="commit", errors="ignore")
+    f3.to_csv(figures / "F3_gradient_variance.csv", index=False)
+    assert "F3: measured before F3 recorded its commit" in provenance(figures)
+    f3.assign(commit="0123abcd4567").to_csv(figures / "F3_gradient_variance.csv", index=False)
+    assert "F3: measured at commit 0123abcd4567 (no runs" in provenance(figures)
+
+
+def test_a_row_that_makes_fewer_training_steps_than_its_baseline_says_so():
+    """CPPO's allocation rolls out more prompts a step: half GRPO's optimizer steps, stated beside its speed-up (before:
+    a speed-up and a gain with no word of it); a row within half a step of its baseline's says nothing."""
+    import pandas as pd
+
+    from dppo.readme import _run
+
+    base = pd.Series({"steps": 16.0})
+    row = dict(speedup=1.6, speedup_ci=0.1, speedup_flops=1.7, speedup_flops_ci=0.1, acc_gain=2.0, acc_gain_ci=3.0,
+               seeds=3)
+    assert "8 training steps to 16" in _run(pd.Series({**row, "steps": 8.0}), base)
+    assert "training steps" not in _run(pd.Series({**row, "steps": 15.6}), base)
+    assert "14.9 training steps to 16" in _run(pd.Series({**row, "steps": 14.857}), base)

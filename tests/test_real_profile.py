@@ -27,7 +27,7 @@ def _t1_every_row() -> dict:
 
 def test_every_real_profile_run_trains_r1s_model_and_task():
     """Every run but T3's larger rows (Gemma 3 270M: the next test); F3 trains none (it samples R1's config); T1 trains
-    under the protocol's chosen lever, and F5 trains T1's methods again (seed 0) in folders of its own, keeping a
+    under the protocol's chosen lever, and F5 trains T1's methods again (3 seeds) in folders of its own, keeping a
     checkpoint every 4 steps."""
     lever = studies.PROTOCOL_LEVERS[studies.PROTOCOL_CHOICE]
     for study in studies.REAL_STUDIES:
@@ -41,20 +41,22 @@ def test_every_real_profile_run_trains_r1s_model_and_task():
             assert (cfg.model_name_or_path, cfg.dataset, cfg.chat_template) == ("smollm2-135m", "arithmetic", True)
             size = (lever["train_size"], lever["epochs"]) if study in ("main_results", "case_study") else (64, 2)
             assert (cfg.train_size, cfg.epochs, cfg.prompts_per_step, cfg.temperature) == (*size, 8, 0.7), out
-            # 1.6 GB a run: 36 runs filled a disk; F5's 5 runs keep theirs, as weights only (the case study reads them)
+            # 1.6 GB a run: 36 runs filled a disk; F5's runs keep theirs, as weights only (the case study reads them)
             assert cfg.keep_checkpoints_after_final == (study == "case_study"), out
     t1 = studies.study_layouts("main_results", **studies.layout_params(studies.real_params("main_results")))["T1"]
     assert list(t1) == list(studies.REAL_T1_ROWS) == ["GRPO", "DPPO"]  # the headline pair (its other rows: not yet)
     f5 = real_runs("case_study")
-    assert [out.split("/")[-2] for out in f5] == ["grpo", "greso", "cppo", "dppo", "dppo_proportional"]
-    t1_runs = {sub.split("/")[-1]: results._config(cfg, sub, **{**over, "seed": 0})
-               for cfg, over, sub in _t1_every_row().values()}
-    for out, cfg in f5.items():  # T1's seed-0 run of the method field for field, but where it trains, what it keeps,
-        t1_cfg = t1_runs[out.split("/")[-2]]  # and GRPO's unread refill window (T1's GRPO is the protocol's run)
+    methods = ["grpo", "greso", "cppo", "dppo", "dppo_proportional"]
+    assert sorted(out.split("/")[-2:] for out in f5) == sorted([m, f"seed{s}"] for m in methods for s in (0, 1, 2))
+    t1_runs = {(sub.split("/")[-1], s): results._config(cfg, sub, **{**over, "seed": s})
+               for cfg, over, sub in _t1_every_row().values() for s in (0, 1, 2)}
+    for out, cfg in f5.items():  # T1's run of the method and seed field for field, but where it trains, what it keeps,
+        # when it evaluates and GRPO's unread refill window (T1's GRPO is the protocol's run)
+        t1_cfg = t1_runs[out.split("/")[-2], int(out.split("/")[-1][4:])]
         keeps = ("output_dir", "save_every", "keep_checkpoints", "keep_checkpoints_after_final", "eval_every",
                  "eval_before_train", "refill_window")
         assert dataclasses.replace(cfg, **{f: getattr(t1_cfg, f) for f in keeps}) == t1_cfg, out
-        assert (cfg.save_every, cfg.keep_checkpoints, cfg.seed) == (4, 4, 0)
+        assert (cfg.save_every, cfg.keep_checkpoints, cfg.eval_every) == (4, 4, 1000)  # no evaluation but its own
 
 
 def test_the_real_t1s_grpo_and_dppo_are_the_protocols_chosen_pair():
@@ -163,17 +165,18 @@ def test_dry_run_lists_the_real_runs_and_their_minutes():
         assert (f"; {len(reused)} finished runs reused" in line) == bool(reused), line
         # each study within 75 minutes on 2 cores, even trained again alone (--study NAME --retrain: every run of its
         # own); T1 within what its protocol's pairs cost (7 seeds of a pair trained in turn, ~16 min each under
-        # lever a, ~29 under b), F5 (T1's five methods once, in its setup, and their sampling) within 100
+        # lever a, ~29 under b), T2 (6 runs at 3 seeds) within 120, F5 (T1's five methods at 3 seeds and their
+        # sampling) within 210 (its upper bound)
         alone_n = len(alone) + budget.timing_twins(study, "real", set())
-        limit = {"main_results": 150, "case_study": 100}.get(study, 75)
+        limit = {"main_results": 150, "algorithms": 120, "case_study": 210}.get(study, 75)
         assert studies.real_minutes(study, alone_n) <= limit, (study, alone_n)
-    assert budget.timing_twins("ablations", "real", set()) == 2  # seed 0 and seed 1: [GRPO + 5 rows], [twin, 1 row]
+    assert budget.timing_twins("ablations", "real", set()) == 2  # seed 0 and seed 1: [GRPO + 4 rows], [twin + 3 rows]
     total = next(ln for ln in done.stdout.splitlines() if ln.startswith("total "))
     minutes = {ln.split()[0]: int(ln.split("~")[1].split()[0]) for ln in done.stdout.splitlines() if " runs ~" in ln}
     assert int(total.split("~")[1].split()[0]) == pytest.approx(sum(v for k, v in minutes.items() if k != "total"),
                                                                 abs=len(minutes))  # (each rounded)
-    # T2, T4 and T5 within ~3 h with their timing twins (docs/results.md); T3, F3 and F5 each within 75 minutes, above
-    assert sum(minutes[s] for s in ("algorithms", "ablations", "sensitivity")) <= 190, minutes
+    # T2 (3 seeds), T4 and T5 within ~4 h with their timing twins (docs/results.md); the others' limits above
+    assert sum(minutes[s] for s in ("algorithms", "ablations", "sensitivity")) <= 240, minutes
 
 
 def test_reproduce_without_options_is_the_real_t1():

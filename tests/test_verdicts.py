@@ -184,3 +184,40 @@ def test_sooner_needs_the_grid_to_resolve_it_and_work_of_its_own():
     assert verdicts.sooner(iv(1.08, 0.92, 3), [1.5] * 3) == "time to accuracy unresolved"
     assert verdicts.sooner(Interval(1.6, math.nan, 1), [1.5] * 3) == \
         "time to accuracy not resolved by the evaluation grid"
+
+
+def _answers(finals: dict[str, list[tuple[str, int, bool]]]) -> pd.DataFrame:
+    """One seed's F5 rows: each method's step-0 answers (the same for all) and its last checkpoint's."""
+    rows = [dict(method=m, step=0, answer="5", count=8, correct=False) for m in finals]
+    rows += [dict(method=m, step=16, answer=a, count=c, correct=ok) for m, last in finals.items() for a, c, ok in last]
+    return pd.DataFrame(rows)
+
+
+def test_the_case_study_reads_the_most_sampled_last_answer_of_each_method():
+    """A method is right when its most sampled answer at its last checkpoint is the gold one, whatever its step 0."""
+    right, wrong = [("26", 5, True), ("16", 3, False)], [("26", 3, True), ("16", 5, False)]
+    read = verdicts.final_right(_answers({"DPPO": right, "CPPO": wrong, "GRESO": wrong, "GRPO": right}))
+    assert read == {"DPPO": True, "CPPO": False, "GRESO": False, "GRPO": True}
+
+
+@pytest.mark.parametrize("dppo, cppo, greso, shown", [
+    (True, False, False, True),   # the paper's pattern
+    (True, True, False, False),   # a pruned baseline right too
+    (False, False, False, False),  # DPPO wrong as well
+    (False, True, True, False),   # the opposite
+])
+def test_the_paper_pattern_needs_dppo_right_and_every_pruned_baseline_wrong(dppo, cppo, greso, shown):
+    assert verdicts.case_pattern({"DPPO": dppo, "CPPO": cppo, "GRESO": greso, "GRPO": True}) == shown
+    assert not verdicts.case_pattern({"DPPO": True, "CPPO": False})  # GRESO not followed: no pattern to show
+
+
+@pytest.mark.parametrize("patterns, word", [
+    ([True, True, False], "reproduced (2 of 3 seeds)"),
+    ([True, False, False], "not reproduced (1 of 3 seeds)"),
+    ([True, True, False, False], "not reproduced (2 of 4 seeds)"),  # half is no majority
+    ([False, False, False], "not reproduced (0 of 3 seeds)"),
+    ([True, True], "illustrative (2 of 2 seeds; a verdict needs 3)"),
+    ([True], "illustrative (1 of 1 seed; a verdict needs 3)"),
+])
+def test_the_case_study_verdict_is_a_majority_of_enough_seeds(patterns, word):
+    assert verdicts.case_study(patterns) == word
