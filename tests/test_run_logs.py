@@ -129,3 +129,16 @@ def test_the_protocol_table_rebuilds_from_its_committed_logs(tmp_path):
 def test_the_logs_are_a_few_megabytes():
     sizes = [(ROOT / f).stat().st_size for f in _tracked()]
     assert sum(sizes) < 20e6, sum(sizes)
+
+
+def test_a_speed_up_timed_by_a_timing_twin_is_marked_and_explained():
+    """A row whose wall-clock pairs divide a timing twin's clock carries §k in the table (before: nothing told it from
+    a row timed with its own baseline, which carries none). No logged table has such a row yet (T1 and T3 train each
+    pair together), so the rebuild test above cannot see a lost mark."""
+    seeds = pd.DataFrame([dict(label=label, seed=s, speedup=sp, speedup_cpu=sp, speedup_flops=sp, contended=False,
+                               pair_contended=False, timed_with=how)
+                          for s in (0, 1) for label, sp, how in (("GRPO", 1.0, "self"), ("DPPO", 1.8, "together"),
+                                                                 ("late row", 2.0, "twin"))])
+    md = tables.markdown(tables.aggregate(seeds))
+    rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("|")}
+    assert " §2" in rows["late row"] and "§" not in rows["DPPO"]
