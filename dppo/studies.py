@@ -477,8 +477,8 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0, "p
                      "case_study": {"candidates": 64}}
 # Minutes a real-model run of each study takes on 2 cores, training and evaluations, measured (2026-12-05): T1's 5
 # runs of a seed took 21.7-23.8 min in turn (mean 23.0; GRPO ~5, DPPO ~3 minutes of training; evaluated every 8 steps),
-# T2's 6 runs 36.9 (3 of them unpruned; evaluated at the start and the end; 43.7 a seed on 2026-12-07 with DAPO's
-# dynamic sampling, 10:28-12:39 UTC, 3 seeds: 40, 46 and 45 min), T4 and T5's 15 runs 58.8 (seed 0, in 3
+# T2's 6 runs 43.7 a seed (3 of them unpruned; evaluated at the start and the end; 2026-12-07 10:28-12:39 UTC, DAPO
+# with its dynamic sampling, 3 seeds: 40, 46 and 45 min; 36.9 before that), T4 and T5's 15 runs 58.8 (seed 0, in 3
 # groups of 5; T4 7 of them, T5 8 more and T4's GRPO and DPPO), T4's 7 of seed 1 27.2 (3.9 a run again), T5 alone
 # from a fresh clone, its 10 runs with T4's GRPO and DPPO, 39.9 (4.0 a run). Runs beside a timing twin (a GRPO, the
 # slowest run): T4's last 2 rows and the twin, both seeds, 26.7 (4.45 a run); T5's 8 cells and 2 twins 42.1 (4.2).
