@@ -46,7 +46,8 @@ def _run(row: pd.Series, base: pd.Series | None = None) -> str:
     """Speed-up in wall-clock and FLOPs and accuracy gain of one row against its baseline (`base`, its summary row);
     a wall-clock mean that leaves out contended pairs or pairs that trained apart (`dppo.tables`) says over how many
     seeds it is; a row whose training steps (each one optimizer update or a fixed number of them) differ from its
-    baseline's by half a step or more says how many it made (CPPO's allocation halves them; refill saves a few)."""
+    baseline's by half a step or more says how many it made (CPPO's allocation halves them; refill saves a few); the
+    tokens it trained as a share of its baseline's, where the table has them (a row at "the same budget" shows it)."""
     contended, apart = int(row.get("contended", 0) or 0), int(row.get("apart", 0) or 0)
     why = ", ".join(f"{k} {name}" for k, name in ((contended, "contended"), (apart, "trained apart")) if k)
     wall = f" ({int(row['seeds']) - contended - apart} seeds: {why})" if why else ""
@@ -54,7 +55,11 @@ def _run(row: pd.Series, base: pd.Series | None = None) -> str:
     steps = ""
     if base is not None and "steps" in row and abs(row["steps"] - base["steps"]) >= 0.5:
         steps = f", {row['steps']:.3g} training steps to {base['steps']:.3g}"
-    return f"{timed}, {_value(row, 'speedup_flops', 'x')} FLOPs, {_value(row, 'acc_gain', ' points', '+')}{steps}"
+    tokens = ""
+    if base is not None and not math.isnan(row.get("tokens_share", float("nan"))):
+        tokens = f", {_value(row, 'tokens_share', 'x')} tokens trained"
+    return (f"{timed}, {_value(row, 'speedup_flops', 'x')} FLOPs{tokens}, {_value(row, 'acc_gain', ' points', '+')}"
+            f"{steps}")
 
 
 def _learned(seeds: pd.DataFrame, label: str) -> Interval:
@@ -249,7 +254,8 @@ def provenance(figures: Path) -> str:
             continue
         seeds = pd.read_csv(path)
         commits = sorted(set(seeds["commit"])) if "commit" in seeds else ["unrecorded"]
-        said.setdefault(where(commits), []).append(f"{table} ({seeds['seed'].nunique()} seeds)")
+        n = seeds["seed"].nunique()
+        said.setdefault(where(commits), []).append(f"{table} ({n} seed{'s' if n != 1 else ''})")
     if (figures / "P1_protocol_pairs.csv").is_file():  # the protocol's pairs (P1): a row names both runs' commits
         pairs = pd.read_csv(figures / "P1_protocol_pairs.csv")
         commits = sorted(set(", ".join(pairs["commit"]).split(", "))) if "commit" in pairs else ["unrecorded"]

@@ -314,8 +314,7 @@ T2_RUNS = {f"{alg.upper()}{' + DPPO' if d else ''}": (
 # as fit in memory: a wall-clock pair is fair only within a group (the host drifts between groups, which the
 # contention rule cannot see: docs/results.md), so where GRPO's rows on the real model span more than one (T4's 6,
 # T5's 8 after T4), each later group trains GRPO's timing twin beside them (results.in_turn_chunks).
-# Two studies, not one: the real profile's 15 runs a seed, at 2 seeds, would take ~2 hours in one notebook (each study
-# of the profile must fit 75 minutes). Each ablation changes one thing: "without 1/pi weights" keeps DPPO's masks and
+# Two studies, not one: T4 alone takes ~2 hours on 2 cores (116 min measured at its 2 seeds), T5 about one more. Each ablation changes one thing: "without 1/pi weights" keeps DPPO's masks and
 # Z (dppo_unweighted; dppo_biased would change Z too), "without Dense Prompt Packing" keeps the layout and drops
 # refill.
 GRPO_REFILL = "GRPO, refill's order (longest first, no pruning)"
@@ -478,11 +477,11 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0, "p
 # Minutes a real-model run of each study takes on 2 cores, training and evaluations, measured (2026-12-05): T1's 5
 # runs of a seed took 21.7-23.8 min in turn (mean 23.0; GRPO ~5, DPPO ~3 minutes of training; evaluated every 8 steps),
 # T2's 6 runs 43.7 a seed (3 of them unpruned; evaluated at the start and the end; 2026-12-07 10:28-12:39 UTC, DAPO
-# with its dynamic sampling, 3 seeds: 40, 46 and 45 min; 36.9 before that), T4 and T5's 15 runs 58.8 (seed 0, in 3
-# groups of 5; T4 7 of them, T5 8 more and T4's GRPO and DPPO), T4's 7 of seed 1 27.2 (3.9 a run again), T5 alone
-# from a fresh clone, its 10 runs with T4's GRPO and DPPO, 39.9 (4.0 a run). Runs beside a timing twin (a GRPO, the
-# slowest run): T4's last 2 rows and the twin, both seeds, 26.7 (4.45 a run); T5's 8 cells and 2 twins 42.1 (4.2).
-# What --profile real --dry-run estimates with.
+# with its dynamic sampling, 3 seeds: 40, 46 and 45 min; 36.9 before that), T4's 18 runs 115.9 (2026-12-07
+# 13:48-15:44 UTC, its 8 rows and a timing twin a seed in 2 groups: [GRPO + 5 rows] 40.2 and 35.6 min, [twin + 2 rows]
+# 21.5 and 18.6; 58.8 for 15 runs on 2026-12-05, with the code of that day). T5 trains runs of T4's config (one grid
+# cell each) and is counted at T4's minutes a run until it is measured again. What --profile real --dry-run estimates
+# with.
 # T3's 8 runs (2 seeds x SmolLM2 and Gemma 3 270M, GRPO and DPPO in turn on shared-prompt rows) took 36.6 min
 # (2026-12-06, 01:30-02:07 UTC; a SmolLM2 pair 7.4-8.5 min, a Gemma pair 9.7-11.0).
 # F5's 5 runs and its sampling (the problem picked among 64 x 8 answers of each final model, then 32 answers at each
@@ -495,7 +494,7 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0, "p
 # answers alone (64 x 16, not 64 x 8 of each of 5 final models); not yet measured at its 3 seeds.
 PROTOCOL_RUN_MINUTES = {"a": 17.7 / 2, "b": 29.0 / 2}
 REAL_RUN_MINUTES = {"main_results": PROTOCOL_RUN_MINUTES[PROTOCOL_CHOICE], "algorithms": 131.1 / 18,
-                    "scale": 36.6 / 8, "ablations": 58.8 / 15, "sensitivity": 58.8 / 15,
+                    "scale": 36.6 / 8, "ablations": 115.9 / 18, "sensitivity": 115.9 / 18,
                     "case_study": PROTOCOL_RUN_MINUTES[PROTOCOL_CHOICE] + 25.4 / 5}
 # Minutes of a real-profile study that trains no run, measured the same way: F3's 20 batches (rollouts, per-sample
 # gradients and their sketches) and its mask draws, 33.4 (2026-12-05, 22:57-23:31 UTC).
