@@ -314,9 +314,9 @@ T2_RUNS = {f"{alg.upper()}{' + DPPO' if d else ''}": (
 # as fit in memory: a wall-clock pair is fair only within a group (the host drifts between groups, which the
 # contention rule cannot see: docs/results.md), so where GRPO's rows on the real model span more than one (T4's 6,
 # T5's 8 after T4), each later group trains GRPO's timing twin beside them (results.in_turn_chunks).
-# Two studies, not one: T4 alone takes ~2 hours on 2 cores (116 min measured at its 2 seeds), T5 about one more. Each ablation changes one thing: "without 1/pi weights" keeps DPPO's masks and
-# Z (dppo_unweighted; dppo_biased would change Z too), "without Dense Prompt Packing" keeps the layout and drops
-# refill.
+# Two studies, not one: T4 alone takes ~2 hours on 2 cores (116 min measured at its 2 seeds), T5 about one more.
+# Each ablation changes one thing: "without 1/pi weights" keeps DPPO's masks and Z (dppo_unweighted; dppo_biased
+# would change Z too), "without Dense Prompt Packing" keeps the layout and drops refill.
 GRPO_REFILL = "GRPO, refill's order (longest first, no pruning)"
 _AB = {"GRPO": (_G, SHORT, "ablations/grpo"), "DPPO": (_D, _SHORT_DPPO, "ablations/dppo")}
 T4_RUNS = {

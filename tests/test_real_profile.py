@@ -171,7 +171,7 @@ def test_dry_run_lists_the_real_runs_and_their_minutes():
         alone_n = len(alone) + budget.timing_twins(study, "real", set())
         limit = {"main_results": 150, "algorithms": 135, "ablations": 120, "case_study": 210}.get(study, 75)
         assert studies.real_minutes(study, alone_n) <= limit, (study, alone_n)
-    assert budget.timing_twins("ablations", "real", set()) == 2  # seed 0 and seed 1: [GRPO + 4 rows], [twin + 3 rows]
+    assert budget.timing_twins("ablations", "real", set()) == 2  # seed 0 and seed 1: [GRPO + 5 rows], [twin + 2 rows]
     total = next(ln for ln in done.stdout.splitlines() if ln.startswith("total "))
     minutes = {ln.split()[0]: int(ln.split("~")[1].split()[0]) for ln in done.stdout.splitlines() if " runs ~" in ln}
     assert int(total.split("~")[1].split()[0]) == pytest.approx(sum(v for k, v in minutes.items() if k != "total"),
