@@ -479,9 +479,9 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0, "p
 # T2's 6 runs 43.7 a seed (3 of them unpruned; evaluated at the start and the end; 2026-12-07 10:28-12:39 UTC, DAPO
 # with its dynamic sampling, 3 seeds: 40, 46 and 45 min; 36.9 before that), T4's 18 runs 115.9 (2026-12-07
 # 13:48-15:44 UTC, its 8 rows and a timing twin a seed in 2 groups: [GRPO + 5 rows] 40.2 and 35.6 min, [twin + 2 rows]
-# 21.5 and 18.6; 58.8 for 15 runs on 2026-12-05, with the code of that day). T5 trains runs of T4's config (one grid
-# cell each) and is counted at T4's minutes a run until it is measured again. What --profile real --dry-run estimates
-# with.
+# 21.5 and 18.6; 58.8 for 15 runs on 2026-12-05, with the code of that day), T5's 10 runs 55.4 (2026-12-07
+# 17:11-18:07 UTC: its 8 cells beside 2 timing twins of GRPO in 2 groups, [twin + 5 cells] 33.4 min, [twin + 2 cells]
+# 21.9; its GRPO and r_q = r_o = 0.5 cell are T4's seed 0). What --profile real --dry-run estimates with.
 # T3's 8 runs (2 seeds x SmolLM2 and Gemma 3 270M, GRPO and DPPO in turn on shared-prompt rows) took 36.6 min
 # (2026-12-06, 01:30-02:07 UTC; a SmolLM2 pair 7.4-8.5 min, a Gemma pair 9.7-11.0).
 # F5's 5 runs and its sampling (the problem picked among 64 x 8 answers of each final model, then 32 answers at each
@@ -494,7 +494,7 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0, "p
 # answers alone (64 x 16, not 64 x 8 of each of 5 final models); not yet measured at its 3 seeds.
 PROTOCOL_RUN_MINUTES = {"a": 17.7 / 2, "b": 29.0 / 2}
 REAL_RUN_MINUTES = {"main_results": PROTOCOL_RUN_MINUTES[PROTOCOL_CHOICE], "algorithms": 131.1 / 18,
-                    "scale": 36.6 / 8, "ablations": 115.9 / 18, "sensitivity": 115.9 / 18,
+                    "scale": 36.6 / 8, "ablations": 115.9 / 18, "sensitivity": 55.4 / 10,
                     "case_study": PROTOCOL_RUN_MINUTES[PROTOCOL_CHOICE] + 25.4 / 5}
 # Minutes of a real-profile study that trains no run, measured the same way: F3's 20 batches (rollouts, per-sample
 # gradients and their sketches) and its mask draws, 33.4 (2026-12-05, 22:57-23:31 UTC).
