@@ -176,8 +176,8 @@ def test_dry_run_lists_the_real_runs_and_their_minutes():
     minutes = {ln.split()[0]: int(ln.split("~")[1].split()[0]) for ln in done.stdout.splitlines() if " runs ~" in ln}
     assert int(total.split("~")[1].split()[0]) == pytest.approx(sum(v for k, v in minutes.items() if k != "total"),
                                                                 abs=len(minutes))  # (each rounded)
-    # T2 (3 seeds), T4 (2 seeds) and T5 within ~5.2 h with their timing twins (T2 and T4 measured, T5 at T4's minutes a
-    # run: docs/results.md); the others' limits above
+    # T2 (3 seeds), T4 (2 seeds) and T5 within ~5.2 h with their timing twins (all three measured: 131 + 116 + 55
+    # min, docs/results.md); the others' limits above
     assert sum(minutes[s] for s in ("algorithms", "ablations", "sensitivity")) <= 315, minutes
 
 
