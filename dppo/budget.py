@@ -139,7 +139,7 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
     DPPO are T4's) is counted there only: the later study finds it finished."""
     from dppo import studies as registry
     from dppo.launch import train_command
-    from dppo.results import reusable
+    from dppo.results import reusable, study_root
 
     commands, rows, seen = [], [], set()
     for study in studies:
@@ -150,6 +150,8 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
         runs = {out: run for out, run in study_runs(study, profile).items() if out not in seen}
         # finished here by this code (a fresh clone: the committed run logs of the real profile): the study skips them
         reused = {out for out, (_, cfg) in runs.items() if profile != "paper" and reusable(cfg, registry.ROOT / out)}
+        if study == "case_study" and profile != "paper":  # F5's seeds whose saved answers stand for their runs
+            reused |= answered_runs(runs, study_root(params.get("results_dir", ""), profile=profile))
         twins = timing_twins(study, profile, seen | reused)
         seen |= set(runs)
         for out in reused:
@@ -172,6 +174,19 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
                      "hours_on_gpus": hours / gpus, "disk_tb": disk / 1e12, "peak_tb": peak / 1e12,
                      "configs": list(runs.values()), "cpu_minutes": registry.BY_NAME[study].cpu_minutes})
     return commands, rows
+
+
+def answered_runs(runs: dict[Path, tuple[str, TrainConfig]], root: Path) -> set[Path]:
+    """The run folders of F5's seeds whose saved answers stand for their runs (`dppo.case_study.answered`): the case
+    study neither trains nor samples them again."""
+    from dppo import studies as registry
+    from dppo.case_study import answered
+
+    by_seed: dict[int, list[Path]] = {}
+    for out, (_, cfg) in runs.items():
+        by_seed.setdefault(cfg.seed, []).append(out)
+    return {out for seed, outs in by_seed.items()
+            if answered([(runs[out][1], registry.ROOT / out) for out in outs], seed, root) for out in outs}
 
 
 def studies_at_most(rows: list[dict]) -> float:

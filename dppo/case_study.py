@@ -15,10 +15,47 @@ import pandas as pd
 from dppo.config import TrainConfig
 from dppo.data import model_prompts
 from dppo.runfiles import read_metrics
-from dppo.trainer import load_data
 
 
 PICK_SAMPLES = 16  # answers of the initial model sampled per candidate problem to choose the one F5 follows
+# One seed's answers (`case_study_answers`), written beside the runs it follows once sampled, and committed with their
+# logs under the real profile: the checkpoints it sampled are not committed (0.54 GB each), so these stand for them.
+ANSWERS = "case_study/answers_seed{seed}.csv"
+_TEXT = {"answer": str, "question": str, "gold": str}  # read back as written: "16" stays the string "16"
+
+
+def answers_path(root: str | Path, seed: int) -> Path:
+    """Where seed `seed`'s answers are kept under a study root (`results.study_root`)."""
+    return Path(root) / ANSWERS.format(seed=seed)
+
+
+def save_answers(answers: pd.DataFrame, root: str | Path, seed: int) -> Path:
+    """Write one seed's answers (`case_study_answers`) to `answers_path`."""
+    path = answers_path(root, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    answers.to_csv(path, index=False)
+    return path
+
+
+def answered(runs: list[tuple[TrainConfig, Path]], seed: int, root: str | Path) -> bool:
+    """Whether seed `seed`'s saved answers stand for its runs `runs` ((config, folder) each): the file is there and
+    every run is logged in its folder as trained to its end by this code (`results.logged`: weights not needed), so a
+    fresh clone neither trains those runs nor samples their checkpoints again. Not for a run unfinished, another
+    config, other code, or under ./reproduce.sh --retrain: the seed is trained and sampled again."""
+    from dppo import results
+
+    return answers_path(root, seed).is_file() and all(results.logged(cfg, out) for cfg, out in runs)
+
+
+def saved_answers(layout: dict, seed: int, root: str | Path, smoke: bool = False) -> pd.DataFrame | None:
+    """Seed `seed`'s saved answers where they stand for the runs of `layout` (`dppo.studies`) for that seed under
+    `root` (`answered`); None otherwise."""
+    from dppo import results, studies
+
+    runs = [(results._config(config, Path(root) / sub, smoke, **over), Path(root) / sub)
+            for specs in studies.runs_for(layout, [seed]).values() for config, over, sub in specs]
+    return pd.read_csv(answers_path(root, seed), dtype=_TEXT, keep_default_na=False) \
+        if answered(runs, seed, root) else None
 
 
 def most_split(answers: list[list[str]]) -> int:
@@ -45,6 +82,7 @@ def case_study_answers(runs: dict[str, Path], split: str = "", samples: int = 32
     from dppo.model import load_policy
     from dppo.reward import extract_answer, math_reward
     from dppo.rollout import SamplingParams, engine_from_config
+    from dppo.trainer import load_data
 
     cfg = TrainConfig.load(Path(next(iter(runs.values()))) / "config.yaml")
     model, tok = load_policy(cfg.model_name_or_path)

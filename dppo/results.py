@@ -134,12 +134,12 @@ def prepare(config: str | Path, output_dir: str | Path, smoke: bool = False, **o
     return cfg
 
 
-def _same(cfg: TrainConfig, out: Path) -> bool:
+def _same(cfg: TrainConfig, out: Path, weights: bool = True) -> bool:
     """Whether folder `out` was made for run `cfg` by this code (never under RETRAIN_ENV: trained again, not
-    resumed; nothing of the folder stands for the run)."""
+    resumed; nothing of the folder stands for the run); `weights`: and holds the checkpoints it keeps (`_same_run`)."""
     before = _saved_config(out)
     code = (out / CODE_FILE).read_text().strip() if (out / CODE_FILE).is_file() else None
-    return (before is not None and _same_run(before, cfg, out) and code == code_hash()
+    return (before is not None and _same_run(before, cfg, out, weights) and code == code_hash()
             and os.environ.get(RETRAIN_ENV) != "1")
 
 
@@ -148,8 +148,14 @@ def reusable(cfg: TrainConfig, out: str | Path) -> bool:
     are there, or, for a run that keeps nothing after final/ (nothing reads its weights), its log ends with its final
     evaluation — the committed run logs (LOG_FILES) of a fresh clone are such runs."""
     out = Path(out)
-    done = (out / "final").is_dir() or (finished(out) and not cfg.keep_checkpoints_after_final)
-    return done and _same(cfg, out)
+    return ((out / "final").is_dir() and _same(cfg, out)) or (not cfg.keep_checkpoints_after_final
+                                                             and logged(cfg, out))
+
+
+def logged(cfg: TrainConfig, out: str | Path) -> bool:
+    """Whether folder `out` logs run `cfg` trained to its end by this code (`finished`, `_same`), its weights there or
+    not: a fresh clone's committed logs (LOG_FILES) are such runs."""
+    return finished(out) and _same(cfg, Path(out), weights=False)
 
 
 def keep_weights_only(run_dir: str | Path) -> None:
@@ -180,11 +186,12 @@ def _config(config: str | Path, output_dir: str | Path, smoke: bool = False, **o
     return toy.apply(cfg) if toy.active() else cfg
 
 
-def _same_run(before: TrainConfig, cfg: TrainConfig, out: Path) -> bool:
-    """Whether the run saved in `out` with config `before` is the run `cfg` asks for (see STORAGE_FIELDS)."""
+def _same_run(before: TrainConfig, cfg: TrainConfig, out: Path, weights: bool = True) -> bool:
+    """Whether the run saved in `out` with config `before` is the run `cfg` asks for (see STORAGE_FIELDS), with the
+    checkpoints it keeps after final/ still there unless not `weights` (a log alone: `logged`)."""
     kept = any((out / "checkpoints").glob("step_*"))  # the folder is the run: where the clone lies does not matter
     return (dataclasses.replace(before, **{f: getattr(cfg, f) for f in (*STORAGE_FIELDS, "output_dir")}) == cfg
-            and (kept or not cfg.keep_checkpoints_after_final))
+            and (kept or not cfg.keep_checkpoints_after_final or not weights))
 
 
 @functools.lru_cache(maxsize=1)

@@ -44,8 +44,7 @@ from IPython.display import Markdown, display
 from dppo import figures, results, studies
 import pandas as pd
 
-from dppo import verdicts
-from dppo.case_study import case_study_answers
+from dppo import case_study, verdicts
 
 t1_dir = results_dir or (studies.paper_params("main_results").get("results_dir", "") if profile == "paper" else "")
 t1_root = results.study_root(t1_dir, smoke, profile)  # where main_results trained T1
@@ -56,23 +55,32 @@ own = studies.study_layouts("case_study", overrides=overrides).get("F5", {})  # 
 if smoke:
     samples = 4
 runs_of: dict[int, dict] = {}  # seed -> {method: run folder}
+answers_of: dict[int, pd.DataFrame] = {}  # seed -> its answers
+root = results.study_root(results_dir, smoke, profile)  # where the real profile trains F5's own runs
 for seed in seeds:
+    # a seed answered by runs this code trained to their end (logged: a fresh clone's committed logs and answers)
+    # is read, not trained and sampled again: F5's 3 seeds need not train in one sitting
+    saved = case_study.saved_answers(own, seed, root) if own and not smoke else None
     if smoke:
         trained = results.run_layout(methods, seeds=[seed], smoke=True)
         runs_of[seed] = {label: dirs[0] for label, dirs in trained.items()}
     elif own:
-        runs_of[seed] = {}
-        for label, row in own.items():  # one at a time, each kept as weights only once trained (a SmolLM2 checkpoint
-            # with its optimizer state is 1.6 GB; its weights 0.54 GB)
+        for label, row in own.items() if saved is None else ():  # one at a time, each kept as weights only once
+            # trained (a SmolLM2 checkpoint with its optimizer state is 1.6 GB; its weights 0.54 GB)
             run = results.run_layout({label: row}, seeds=[seed], root=results_dir, profile=profile)[label][0]
             results.keep_weights_only(run)
-            runs_of[seed][label] = run
+        runs_of[seed] = {label: dirs[0] for label, dirs in studies.run_dirs(own, [seed], root).items()}
     else:
         found = studies.run_dirs(methods, seeds=[seed], root=t1_root)
         runs_of[seed] = {label: dirs[0] for label, dirs in found.items()}
+    if saved is None:
+        saved = case_study.case_study_answers(runs_of[seed], split=split, samples=samples, seed=seed,
+                                              candidates=candidates)
+        if own and not smoke:  # kept beside the runs at once (committed with their logs under the real profile)
+            case_study.save_answers(saved, root, seed)
+    answers_of[seed] = saved
 runs = runs_of[seeds[0]]
-answers = pd.concat([case_study_answers(runs_of[seed], split=split, samples=samples, seed=seed, candidates=candidates)
-                     for seed in seeds], ignore_index=True)
+answers = pd.concat(answers_of.values(), ignore_index=True)
 answers.to_csv(t1_root / "case_study.csv", index=False)
 answers.head(20)
 

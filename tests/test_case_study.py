@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from dppo import case_study, results
+from dppo import budget, case_study, results
 from dppo.trainer import Trainer
 
 
@@ -116,3 +116,47 @@ def test_the_problem_is_picked_from_the_initial_model_before_any_method_s_result
         monkeypatch.setattr(rollout, "engine_from_config", lambda *args, g=gold_on_1: Initial(g))
         answers = case_study.case_study_answers({"GRPO": run_dir}, samples=2, seed=5, candidates=4)
         assert set(answers["question"]) == {evals[split][picked].prompt} and set(answers["seed"]) == {5}, gold_on_1
+
+
+def test_a_seed_s_saved_answers_stand_for_its_runs_while_their_logs_are_this_code_s(run_dir, tmp_path, monkeypatch):
+    """F5's seeds can train in different sittings: a seed's saved answers are read back (as written: "016" stays a
+    string) for its runs' committed logs alone, weights gone as in a fresh clone; they are not once a run is
+    unfinished, trained by other code or another config, or under --retrain."""
+    import shutil
+
+    import pandas as pd
+
+    sub = "case_study/grpo"
+    over = dict(keep_checkpoints_after_final=True, save_every=1, keep_checkpoints=2, temperature=0.7,
+                eval_temperature=1.0, answer_format="last_number")
+    layout = {"GRPO": ("experiments/cpu/grpo.yaml", over, sub)}
+    logs = tmp_path / sub / "seed0"  # the run's logs as committed (LOG_FILES), no checkpoint, no final/
+    logs.mkdir(parents=True)
+    for name in results.LOG_FILES:
+        if (run_dir / name).is_file():
+            shutil.copy(run_dir / name, logs / name)
+    answers = pd.DataFrame({"seed": [0, 0], "method": ["GRPO", "GRPO"], "step": [0, 0], "answer": ["016", "(none)"],
+                            "count": [3, 1], "samples": [4, 4], "correct": [True, False], "question": ["8 + 8"] * 2,
+                            "gold": ["016", "016"]})
+    assert case_study.saved_answers(layout, 0, tmp_path, smoke=True) is None  # nothing saved yet
+    assert case_study.save_answers(answers, tmp_path, 0) == case_study.answers_path(tmp_path, 0)
+    pd.testing.assert_frame_equal(case_study.saved_answers(layout, 0, tmp_path, smoke=True), answers)
+    grpo = "experiments/cpu/grpo.yaml"
+    planned = {logs: (grpo, results._config(grpo, logs, True, **over, seed=0))}
+    assert budget.answered_runs(planned, tmp_path) == {logs}  # the dry run counts the seed's runs as reused
+    assert case_study.saved_answers(layout, 1, tmp_path, smoke=True) is None  # seed 1's runs are not there
+    assert case_study.saved_answers({"GRPO": ("experiments/cpu/grpo.yaml", {**over, "temperature": 0.9}, sub)}, 0,
+                                    tmp_path, smoke=True) is None  # another config
+    monkeypatch.setenv(results.RETRAIN_ENV, "1")
+    assert case_study.saved_answers(layout, 0, tmp_path, smoke=True) is None
+    monkeypatch.delenv(results.RETRAIN_ENV)
+    code = (logs / results.CODE_FILE).read_text()
+    (logs / results.CODE_FILE).write_text("0" * 64 + "\n")  # trained by other code
+    assert case_study.saved_answers(layout, 0, tmp_path, smoke=True) is None
+    assert budget.answered_runs(planned, tmp_path) == set()
+    (logs / results.CODE_FILE).write_text(code)
+    metrics = (logs / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (logs / "metrics.jsonl").write_text("".join(metrics[:-1]))  # stopped before its final evaluation
+    assert case_study.saved_answers(layout, 0, tmp_path, smoke=True) is None
+    (logs / "metrics.jsonl").write_text("".join(metrics))
+    assert case_study.saved_answers(layout, 0, tmp_path, smoke=True) is not None
