@@ -497,8 +497,9 @@ REAL_RUN_MINUTES = {"main_results": PROTOCOL_RUN_MINUTES[PROTOCOL_CHOICE], "algo
                     "scale": 36.6 / 8, "ablations": 115.9 / 18, "sensitivity": 55.4 / 10,
                     "case_study": PROTOCOL_RUN_MINUTES[PROTOCOL_CHOICE] + 25.4 / 5}
 # Minutes of a real-profile study that trains no run, measured the same way: F3's 20 batches (rollouts, per-sample
-# gradients and their sketches) and its mask draws, 33.4 (2026-12-05, 22:57-23:31 UTC).
-REAL_STUDY_MINUTES = {"gradient_variance": 33.4}
+# gradients and their sketches) and its mask draws, 53.2 (2026-12-07, 20:15-21:08 UTC, at training code 897576f, the
+# model de-quantised first and 5 minutes of the author's tests beside it; 33.4 on 2026-12-05, with the code of then).
+REAL_STUDY_MINUTES = {"gradient_variance": 53.2}
 
 
 def real_minutes(study: str, runs: int) -> float:
