@@ -164,12 +164,14 @@ def plan(studies: list[str], profile: str, gpus: int) -> tuple[list[str], list[d
                 commands.append("  " + shlex.join(train_command(out / "launch.yaml", params["launch"], gpus)))
             else:
                 commands.append(f"  (in the notebook's process) dppo train --config {cfg_path} -> {out}")
-        # on GPUs (and launched) runs train one after another; on CPU a seed's runs train in turn, together
-        together = profile != "paper" and not params.get("launch")
+        # on GPUs (and launched) runs train one after another; on CPU a seed's runs train in turn, together, but in a
+        # study that trains its runs one at a time, each cut to its weights once done (the case study's own)
+        trimmed = study in registry.ONE_AT_A_TIME
+        together = profile != "paper" and not params.get("launch") and not trimmed
         by_seed: dict[object, list[TrainConfig]] = {}
         for i, (_, cfg) in enumerate(runs.values()):
             by_seed.setdefault(cfg.seed if together else i, []).append(cfg)
-        disk, peak = disk_plan(list(by_seed.values()))
+        disk, peak = disk_plan(list(by_seed.values()), trimmed)
         rows.append({"study": study, "runs": len(runs) + twins, "twins": twins, "reused": len(reused), "gpu_hours": hours,
                      "hours_on_gpus": hours / gpus, "disk_tb": disk / 1e12, "peak_tb": peak / 1e12,
                      "configs": list(runs.values()), "cpu_minutes": registry.BY_NAME[study].cpu_minutes})

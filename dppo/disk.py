@@ -43,29 +43,32 @@ def final_bytes_per_param(cfg: TrainConfig) -> int:
     return SAVE_DTYPE_BYTES[dtype]
 
 
-def run_disk_bytes(cfg: TrainConfig) -> tuple[float, float]:
+def run_disk_bytes(cfg: TrainConfig, trimmed: bool = False) -> tuple[float, float]:
     """(disk a finished run keeps, the most it holds while training): final/ (N x `final_bytes_per_param`), plus the
     checkpoints it keeps (12 N each: its `keep_checkpoints` newest of the ones it writes, every `save_every` steps and
     at its last) unless `keep_checkpoints_after_final` is false; while training, one more checkpoint than kept where
-    it writes more than it keeps (the newest is complete before the oldest is removed). Qwen3-4B: final/ 16 GB in
-    float32, 8 GB in bfloat16; 48 GB a checkpoint."""
+    it writes more than it keeps (the newest is complete before the oldest is removed). `trimmed`: the checkpoints it
+    keeps are cut to their weights once it is done (`results.keep_weights_only`: N x `final_bytes_per_param` each).
+    Qwen3-4B: final/ 16 GB in float32, 8 GB in bfloat16; 48 GB a checkpoint."""
     n_params = model_params(cfg.model_name_or_path.removeprefix("hf:"))
     steps = cfg.max_steps or math.ceil(dataset_size(cfg.dataset, None, cfg.train_size) * cfg.epochs
                                        / cfg.prompts_per_step)
     saves = math.ceil(steps / cfg.save_every)  # the trainer saves every save_every steps and at the last
-    held = min(cfg.keep_checkpoints, saves) * CHECKPOINT_BYTES_PER_PARAM * n_params
+    kept_checkpoints = min(cfg.keep_checkpoints, saves)
+    held = kept_checkpoints * CHECKPOINT_BYTES_PER_PARAM * n_params
     final = final_bytes_per_param(cfg) * n_params
-    return (final + (held if cfg.keep_checkpoints_after_final else 0.0),
+    after = kept_checkpoints * final if trimmed else held
+    return (final + (after if cfg.keep_checkpoints_after_final else 0.0),
             final + held + (CHECKPOINT_BYTES_PER_PARAM * n_params if saves > cfg.keep_checkpoints else 0.0))
 
 
-def disk_plan(groups: list[list[TrainConfig]]) -> tuple[float, float]:
+def disk_plan(groups: list[list[TrainConfig]], trimmed: bool = False) -> tuple[float, float]:
     """(bytes kept when every run is done, the most on disk at any time) of runs trained group after group, the runs
-    of a group together (CPU runs in turn: each holds its checkpoints at once): `run_disk_bytes` of each, the groups
-    before a group kept beside its runs' peaks."""
+    of a group together (CPU runs in turn: each holds its checkpoints at once): `run_disk_bytes` of each (`trimmed`:
+    its checkpoints cut to their weights once done), the groups before a group kept beside its runs' peaks."""
     kept, most = 0.0, 0.0
     for group in groups:
-        sizes = [run_disk_bytes(cfg) for cfg in group]
+        sizes = [run_disk_bytes(cfg, trimmed) for cfg in group]
         most = max(most, kept + sum(peak for _, peak in sizes))
         kept += sum(k for k, _ in sizes)
     return kept, most

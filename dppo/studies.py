@@ -447,6 +447,9 @@ REAL_LAYOUTS = {"scale": SHARED_LAYOUT}
 # training, so its runs (T1's of seed 0, trained again) keep a checkpoint every 4 of their 16 steps, as weights only
 # once trained (`results.keep_weights_only`: 0.54 GB each, 1.6 GB with the optimizer's state).
 REAL_CHECKPOINTS = {"case_study": {"save_every": 4, "keep_checkpoints": 4, "keep_checkpoints_after_final": True}}
+# Studies whose notebook trains its own runs one at a time, each cut to its weights once trained (the case study's
+# `results.keep_weights_only`): what the dry run's disk estimate counts for them (`dppo.budget.plan`).
+ONE_AT_A_TIME = ("case_study",)
 # A study's seeds (the others: seed 0). T5 keeps one: a second would add ~40 minutes to a profile of ~8.5 hours
 # (docs/results.md, "T4 and T5 on the real model").
 # T1: P1's seeds of the chosen pair and 3 more, trained in turn after it (the protocol asks for 9 for a ±5 half-width at

@@ -160,3 +160,20 @@ def test_a_seed_s_saved_answers_stand_for_its_runs_while_their_logs_are_this_cod
     assert case_study.saved_answers(layout, 0, tmp_path, smoke=True) is None
     (logs / "metrics.jsonl").write_text("".join(metrics))
     assert case_study.saved_answers(layout, 0, tmp_path, smoke=True) is not None
+
+
+def test_the_dry_run_counts_a_case_study_run_at_its_weights_only(run_dir):
+    """The disk a trimmed run keeps (`results.keep_weights_only`) is what the dry run counts for the case study's runs
+    (`dppo.disk.run_disk_bytes(trimmed=True)`, within the few kB of JSON and YAML beside the weights); untrimmed, the
+    estimate counted their optimizer state too (F5's 15 runs: 105 GB where they keep 40)."""
+    from dppo import disk
+    from dppo.config import TrainConfig
+
+    results.keep_weights_only(run_dir)
+    on_disk = sum(f.stat().st_size for f in run_dir.rglob("*") if f.is_file() and f.name != "metrics.jsonl")
+    cfg = TrainConfig.load(run_dir / "config.yaml")
+    kept, peak = disk.run_disk_bytes(cfg, trimmed=True)
+    assert kept <= on_disk < kept + 256 * 1024, (kept, on_disk)
+    assert disk.run_disk_bytes(cfg)[0] > 2 * on_disk and disk.run_disk_bytes(cfg)[1] == peak  # while training: all
+    plan = {out: run for out, run in budget.study_runs("case_study", "real").items()}
+    assert len(plan) == 15 and budget.plan(["case_study"], "real", 1)[1][0]["peak_tb"] < 0.06  # one at a time
