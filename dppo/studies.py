@@ -494,11 +494,13 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0, "p
 # pairs took in P1 (both runs' training and evaluations over 2: lever a's 4 pairs retrained 2026-12-07, 17.7 min a
 # pair; lever b's quiet seeds 1 and 2 of 2026-12-06, GRPO 18.1, DPPO 10.9); F5 that plus its sampling's share: an
 # upper bound since F5's runs evaluate at the start and the end only and it picks its problem from the initial model's
-# answers alone (64 x 16, not 64 x 8 of each of 5 final models); not yet measured at its 3 seeds.
+# answers alone (64 x 16, not 64 x 8 of each of 5 final models). Measured since: F5's seed 0 (its 5 runs one at a time,
+# then its sampling: 4.7 min) took 58.5 min (2026-12-07, 21:14-22:13 UTC, 5 minutes of the author's tests beside GRPO's
+# start; GRPO 20.0, GRESO 11.7, CPPO 7.4, DPPO 7.3, DPPO-proportional 7.3 min).
 PROTOCOL_RUN_MINUTES = {"a": 17.7 / 2, "b": 29.0 / 2}
 REAL_RUN_MINUTES = {"main_results": PROTOCOL_RUN_MINUTES[PROTOCOL_CHOICE], "algorithms": 131.1 / 18,
                     "scale": 36.6 / 8, "ablations": 115.9 / 18, "sensitivity": 55.4 / 10,
-                    "case_study": PROTOCOL_RUN_MINUTES[PROTOCOL_CHOICE] + 25.4 / 5}
+                    "case_study": 58.5 / 5}
 # Minutes of a real-profile study that trains no run, measured the same way: F3's 20 batches (rollouts, per-sample
 # gradients and their sketches) and its mask draws, 53.2 (2026-12-07, 20:15-21:08 UTC, at training code 897576f, the
 # model de-quantised first and 5 minutes of the author's tests beside it; 33.4 on 2026-12-05, with the code of then).
