@@ -137,10 +137,18 @@ def test_real_captions_are_made_from_the_runs_fields(monkeypatch):
 
 
 def _reused(runs: dict[str, TrainConfig]) -> set[str]:
-    """The runs a study skips here: finished by this code (a fresh clone: those whose run logs are committed)."""
-    from dppo import results
+    """The runs a study skips here: finished by this code (a fresh clone: those whose run logs are committed), and
+    F5's runs of a seed whose committed answers stand for them (`dppo.case_study.answered`: their weights are not
+    committed)."""
+    from dppo import case_study, results
 
-    return {out for out, cfg in runs.items() if results.reusable(cfg, ROOT / out)}
+    done = {out for out, cfg in runs.items() if results.reusable(cfg, ROOT / out)}
+    for seed in {cfg.seed for cfg in runs.values()}:
+        f5 = {out: cfg for out, cfg in runs.items() if cfg.seed == seed and "/case_study/" in out}
+        if f5 and case_study.answered([(cfg, ROOT / out) for out, cfg in f5.items()], seed,
+                                      results.study_root("", False, "real")):
+            done |= set(f5)
+    return done
 
 
 def test_dry_run_lists_the_real_runs_and_their_minutes():
