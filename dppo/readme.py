@@ -266,6 +266,12 @@ def provenance(figures: Path) -> str:
         text = ("measured before F3 recorded its commit" if commits == ["unrecorded"] else
                 f"measured at commit {', '.join(commits)} (no runs: its numbers in {f3.name})")
         said.setdefault(text, []).append("F3")
+    trace = figures / "F5_case_study_trace.csv"
+    if trace.is_file():  # F5's runs: the commit each trained at, in its trace (one row a seed and method)
+        runs = pd.read_csv(trace)
+        commits = sorted(set(runs["commit"].astype(str))) if "commit" in runs else ["unrecorded"]
+        n = runs["seed"].nunique()
+        said.setdefault(where(commits), []).append(f"F5 ({n} seed{'s' if n != 1 else ''})")
     return "Provenance: " + "; ".join(f"{', '.join(tables)}: {text}" for text, tables in said.items()) + "."
 
 

@@ -496,11 +496,13 @@ REAL_STUDY_PARAMS = {"main_results": {"shared_rows": False, "long_epochs": 0, "p
 # upper bound since F5's runs evaluate at the start and the end only and it picks its problem from the initial model's
 # answers alone (64 x 16, not 64 x 8 of each of 5 final models). Measured since: F5's seed 0 (its 5 runs one at a time,
 # then its sampling: 4.7 min) took 58.5 min (2026-12-07, 21:14-22:13 UTC, 5 minutes of the author's tests beside GRPO's
-# start; GRPO 20.0, GRESO 11.7, CPPO 7.4, DPPO 7.3, DPPO-proportional 7.3 min).
+# start; GRPO 20.0, GRESO 11.7, CPPO 7.4, DPPO 7.3, DPPO-proportional 7.3 min), its quiet seeds 1 and 2 45.5 and 44.4
+# (2026-12-08, 00:02-01:32 UTC; GRPO 12.9 and 12.4, GRESO 9.6 and 9.8, CPPO 6.4 and 6.5, DPPO 7.0 and 7.0,
+# DPPO-proportional 6.0 and 5.3, sampling 3.5 and 3.2): what the estimate takes, a seed's 5 runs and sampling.
 PROTOCOL_RUN_MINUTES = {"a": 17.7 / 2, "b": 29.0 / 2}
 REAL_RUN_MINUTES = {"main_results": PROTOCOL_RUN_MINUTES[PROTOCOL_CHOICE], "algorithms": 131.1 / 18,
                     "scale": 36.6 / 8, "ablations": 115.9 / 18, "sensitivity": 55.4 / 10,
-                    "case_study": 58.5 / 5}
+                    "case_study": (45.5 + 44.4) / 2 / 5}
 # Minutes of a real-profile study that trains no run, measured the same way: F3's 20 batches (rollouts, per-sample
 # gradients and their sketches) and its mask draws, 53.2 (2026-12-07, 20:15-21:08 UTC, at training code 897576f, the
 # model de-quantised first and 5 minutes of the author's tests beside it; 33.4 on 2026-12-05, with the code of then).

@@ -106,9 +106,10 @@ display(Markdown("\n".join(lines) + f"\n- **Verdict:** {verdicts.case_study(patt
 # %% [markdown]
 # ## What each run's updates did
 # Per seed and method, from its `metrics.jsonl`: the largest 1/pi weight a step trained with, the completions kept
-# (mean and lowest over steps), the largest gradient norm and the held-out accuracy it ended at. A pruner whose weights
-# or gradient norms run far above DPPO's is where a collapse on the followed problem would come from (DPPO-proportional's
-# 3% on "16 + 10" in the committed seed 0 is the case to read here).
+# (mean and lowest over steps), the largest gradient norm and the held-out accuracy it ended at, and the commit that
+# trained it. A pruner whose weights or gradient norms run far above DPPO's and GRPO's is where a collapse on the
+# followed problem would come from (DPPO-proportional's 3% on "16 + 10" in an earlier figure was the case that asked:
+# docs/results.md, "F5 on the real model").
 
 # %%
 trace = []
@@ -118,7 +119,7 @@ for seed, found in runs_of.items():
         trace.append({"seed": seed, "method": m, "weight max": r["weights/max"].max(),
                       "kept completions (mean)": r["kept/completion_frac"].mean(),
                       "kept completions (min)": r["kept/completion_frac"].min(), "grad norm max": r["grad_norm"].max(),
-                      "final Pass@1 (%)": 100 * results.summarize(d)["acc/avg"]})
+                      "final Pass@1 (%)": 100 * results.summarize(d)["acc/avg"], "commit": results.run_commit(d)})
 trace = pd.DataFrame(trace)
 trace.to_csv(out / "F5_case_study_trace.csv", index=False)
 trace.round(3)

@@ -202,6 +202,24 @@ def test_provenance_names_the_commit_that_measured_f3(tmp_path):
     assert "F3: measured at commit 0123abcd4567 (no runs" in provenance(figures)
 
 
+def test_provenance_names_the_commit_f5_trained_at(tmp_path):
+    """F5's runs keep no per-seed table: their trace names each run's commit, and the provenance line says it; a trace
+    without commits (written before it carried them) says the runs did not record one, and no trace says nothing."""
+    import pandas as pd
+
+    from dppo.readme import provenance
+
+    figures = tmp_path / "real"
+    figures.mkdir()
+    trace = pd.DataFrame({"seed": [0, 0, 1, 2], "method": ["GRPO", "DPPO", "GRPO", "DPPO"]})
+    assert "F5" not in provenance(figures)
+    trace.assign(commit=["0123abcd4567"] * 3 + ["89abcdef0123"]).to_csv(figures / "F5_case_study_trace.csv", index=False)
+    assert "F5 (3 seeds): trained at commit 0123abcd4567, 89abcdef0123 (run logs under experiments/results/real/)" in \
+        provenance(figures)
+    trace.to_csv(figures / "F5_case_study_trace.csv", index=False)
+    assert "F5 (3 seeds): trained before runs recorded their commit" in provenance(figures)
+
+
 def test_a_row_that_makes_fewer_training_steps_than_its_baseline_says_so():
     """CPPO's allocation rolls out more prompts a step: half GRPO's optimizer steps, stated beside its speed-up (before:
     a speed-up and a gain with no word of it); a row within half a step of its baseline's says nothing."""
