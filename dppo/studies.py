@@ -460,7 +460,11 @@ REAL_SEEDS = {"main_results": (*PROTOCOL_SEEDS, 4, 5, 6), "algorithms": (0, 1, 2
               "ablations": (0, 1), "case_study": (0, 1, 2)}
 # The rows of T1 the real profile trains: the headline pair, the protocol's chosen GRPO and DPPO runs (P1; their logs
 # committed). Its other rows (GRESO, CPPO, DPPO-proportional) under the protocol take ~2 h more on 2 cores, a GRPO
-# timing twin a seed with them: not trained yet (docs/results.md, "T1 on the real model"), so T1 is the pair alone.
+# timing twin a seed with them: seed 0's group [twin + GRESO, CPPO, DPPO-proportional] took 51.7 min (2026-12-08,
+# 01:33-02:25 UTC, quiet; its logs committed), so ~6 h for the 7 seeds: until they are in, T1 is the pair alone. That
+# twin did not repeat its base's trajectory (grad norm apart from step 1 in the 6th digit, 859 tokens trained at step
+# 16 to 662, final Pass@1 42.0 to 47.5): the base trained on 2026-12-07 at 00:33, likely on another host's floating
+# point, so its wall speed-ups must pair with the twin's work too (dppo.tables.per_seed takes FLOPs from the base).
 REAL_T1_ROWS = ("GRPO", "DPPO")
 # A study's own papermill parameters under the real profile: T1 without its shared-prompt rows (R1 has them) and without
 # its longer DPPO run (the time to GRPO's accuracy stands for it), its rows REAL_T1_ROWS.
