@@ -53,6 +53,15 @@ READING_WORDS = {"final": "final Pass@1", "last_k": f"the mean of each run's las
 CPU_ONLY = ("speedup_cpu",)  # and the contended mark: a GPU run's process CPU time measures the host, not the work
 
 
+def twin_repeats(base: dict, twin: dict) -> bool:
+    """Whether a timing twin (`summarize` of each) did its baseline's work: the same training FLOPs and tokens trained.
+    A twin trained on another host than its baseline can draw other rollouts from its first update on (floating point
+    of other kernels: T1's seed-0 twin of 2026-12-08 trained 859 tokens at step 16 to its baseline's 662); its clock
+    then times other work, and a row pairs with the twin alone (FLOPs, tokens, accuracy), not the twin's clock over
+    the baseline's work."""
+    return base.get("train_flops") == twin.get("train_flops") and base.get("tokens/trained") == twin.get("tokens/trained")
+
+
 def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str],
              starts: list[Path] | None = None, reading: str = "final") -> pd.DataFrame:
     """One row per (label, seed): summarize() plus speed-ups and accuracy gain against the row's baseline of the
@@ -80,6 +89,8 @@ def per_seed(runs: dict[str, list[Path]], baseline: str | dict[str, str],
             clock = summarize(timer) if row["timed_with"] == "twin" else base
             if row["timed_with"] == "twin":
                 clocks[label, row["seed"]] = clock
+                if not twin_repeats(base, clock):  # the twin did other work: the row's pair is the twin, every column
+                    base = clock
             row.update({k: (clock if k in TIMED else base)[col] / row[col] for k, col in SPEEDUPS.items()})
             if row["timed_with"] == "apart":  # trained at another time than its baseline: not a fair wall-clock pair
                 row.update({k: float("nan") for k in TIMED})

@@ -131,6 +131,37 @@ def test_the_logs_are_a_few_megabytes():
     assert sum(sizes) < 20e6, sum(sizes)
 
 
+def test_a_row_pairs_with_a_timing_twin_that_did_other_work(tmp_path):
+    """T4's proportional row of seed 0 trained beside GRPO's timing twin, which repeated GRPO's work (its FLOPs and
+    tokens): the row's FLOPs speed-up and tokens share divide GRPO's. A twin whose work differs (trained on another host,
+    other rollouts) makes the row pair with the twin in every column, not the twin's clock over GRPO's work (before:
+    FLOPs and tokens from GRPO, the wall clock from the twin)."""
+    import json
+
+    for sub in ("ablations/grpo/seed0", "ablations/grpo/seed0_timing_dppo_proportional",
+                "ablations/dppo_proportional/seed0"):
+        shutil.copytree(ROOT / "experiments/results/real" / sub, tmp_path / sub)
+    base, twin, row = (tmp_path / "ablations/grpo/seed0", tmp_path / "ablations/grpo/seed0_timing_dppo_proportional",
+                       tmp_path / "ablations/dppo_proportional/seed0")
+    runs = {"GRPO": [base], "DPPO, proportional": [row]}
+    same = tables.per_seed(runs, "GRPO").set_index("label").loc["DPPO, proportional"]
+    assert same["timed_with"] == "twin" and tables.twin_repeats(results.summarize(base), results.summarize(twin))
+    grpo, mine = results.summarize(base), results.summarize(row)
+    assert same["speedup_flops"] == pytest.approx(grpo["train_flops"] / mine["train_flops"])
+    lines = [json.loads(line) for line in (twin / "metrics.jsonl").read_text().splitlines()]
+    for rec in lines:  # the twin's work, 1.5 times GRPO's
+        for key in ("flops/step", "tokens/trained"):
+            if key in rec:
+                rec[key] = rec[key] * 3 // 2 if key == "tokens/trained" else rec[key] * 1.5
+    (twin / "metrics.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    other = results.summarize(twin)
+    assert not tables.twin_repeats(grpo, other)
+    moved = tables.per_seed(runs, "GRPO").set_index("label").loc["DPPO, proportional"]
+    assert moved["speedup_flops"] == pytest.approx(other["train_flops"] / mine["train_flops"])
+    assert moved["tokens_share"] == pytest.approx(mine["tokens/trained"] / other["tokens/trained"])
+    assert moved["speedup"] == pytest.approx(same["speedup"])  # the twin's clock either way
+
+
 def test_a_speed_up_timed_by_a_timing_twin_is_marked_and_explained():
     """A row whose wall-clock pairs divide a timing twin's clock carries §k in the table (before: nothing told it from
     a row timed with its own baseline, which carries none). No logged table has such a row yet (T1 and T3 train each
