@@ -464,7 +464,7 @@ REAL_SEEDS = {"main_results": (*PROTOCOL_SEEDS, 4, 5, 6), "algorithms": (0, 1, 2
 # 01:33-02:25 UTC, quiet; its logs committed), so ~6 h for the 7 seeds: until they are in, T1 is the pair alone. That
 # twin did not repeat its base's trajectory (grad norm apart from step 1 in the 6th digit, 859 tokens trained at step
 # 16 to 662, final Pass@1 42.0 to 47.5): the base trained on 2026-12-07 at 00:33, likely on another host's floating
-# point, so its wall speed-ups must pair with the twin's work too (dppo.tables.per_seed takes FLOPs from the base).
+# point, so those rows pair with the twin in every column, its work as its clock (dppo.tables.twin_repeats).
 REAL_T1_ROWS = ("GRPO", "DPPO")
 # A study's own papermill parameters under the real profile: T1 without its shared-prompt rows (R1 has them) and without
 # its longer DPPO run (the time to GRPO's accuracy stands for it), its rows REAL_T1_ROWS.
