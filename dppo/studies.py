@@ -459,8 +459,8 @@ ONE_AT_A_TIME = ("case_study",)
 REAL_SEEDS = {"main_results": (*PROTOCOL_SEEDS, 4, 5, 6), "algorithms": (0, 1, 2), "scale": (0, 1, 2),
               "ablations": (0, 1), "case_study": (0, 1, 2)}
 # The rows of T1 the real profile trains: the headline pair, the protocol's chosen GRPO and DPPO runs (P1; their logs
-# committed). Its other rows (GRESO, CPPO, DPPO-proportional) under the protocol take ~2 h more on 2 cores, a GRPO
-# timing twin a seed with them: seed 0's group [twin + GRESO, CPPO, DPPO-proportional] took 51.7 min (2026-12-08,
+# committed). Its other rows (GRESO, CPPO, DPPO-proportional) train under the protocol beside a GRPO timing twin a
+# seed: seed 0's group [twin + GRESO, CPPO, DPPO-proportional] took 51.7 min (2026-12-08,
 # 01:33-02:25 UTC, quiet; its logs committed), so ~6 h for the 7 seeds: until they are in, T1 is the pair alone. That
 # twin did not repeat its base's trajectory (grad norm apart from step 1 in the 6th digit, 859 tokens trained at step
 # 16 to 662, final Pass@1 42.0 to 47.5): the base trained on 2026-12-07 at 00:33, likely on another host's floating
